@@ -1,0 +1,35 @@
+# Two commands on a fresh machine: `make test` and `make demo`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-dev
+DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+export DAGSTER_HOME
+
+.PHONY: test demo bench lint install clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src oaipmh_dagster_tests benchmarks
+
+test: $(STAMP)
+	$(BIN)/ruff check src oaipmh_dagster_tests benchmarks
+	$(BIN)/python -m pytest
+
+demo: $(STAMP)
+	mkdir -p $(DAGSTER_HOME)
+	$(BIN)/oaipmh-dagster demo
+
+bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info src/*.egg-info

@@ -1,0 +1,452 @@
+"""The `oaipmh-dagster` command: registry CRUD, harvest, records, export, demo.
+
+Every bad input gives one line on stderr and exit code 2 (usage) or 1 (failure),
+and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from oaipmh_dagster import db
+from oaipmh_dagster.registry import (
+    Harvester,
+    HarvesterExists,
+    HarvesterNotFound,
+    InvalidHarvester,
+    Registry,
+    validate_cron,
+    validate_id,
+    validate_timezone,
+    validate_url,
+)
+
+
+class UsageProblem(click.ClickException):
+    """Bad input: exit code 2."""
+
+    exit_code = 2
+
+
+class Failure(click.ClickException):
+    """Could not do it: exit code 1."""
+
+    exit_code = 1
+
+
+def _registry() -> Registry:
+    try:
+        return Registry(db.get_engine())
+    except db.DatabaseError as exc:
+        raise Failure(str(exc)) from exc
+
+
+def _check_transformer(name: str) -> None:
+    from oaipmh_dagster.transform import get_transformer
+
+    try:
+        get_transformer(name)
+    except Exception as exc:  # noqa: BLE001 - any failure to load is bad input
+        raise UsageProblem(f"unknown transformer {name!r}: {exc}") from exc
+
+
+def _probe(url: str, prefix: str, timeout: float) -> str:
+    """Identify + ListMetadataFormats; refuse a prefix the server does not offer."""
+    from oaipmh_dagster.oai import ClientOptions, OAIClient, OAIError
+
+    options = ClientOptions(read_timeout=timeout, connect_timeout=min(10.0, timeout),
+                            max_retries=1, backoff_base=0.5)
+    try:
+        with OAIClient(url, options) as client:
+            ident = client.identify()
+            formats = client.list_metadata_formats()
+    except OAIError as exc:
+        raise Failure(f"cannot use {url} as an OAI-PMH endpoint: {exc} "
+                      "(use --no-check to register it anyway)") from exc
+    offered = sorted(f.prefix for f in formats)
+    if prefix not in offered:
+        raise UsageProblem(
+            f"{url} does not offer metadataPrefix {prefix!r}; it offers: {', '.join(offered)}"
+        )
+    return ident.repository_name
+
+
+def _reload() -> None:
+    from oaipmh_dagster.reload import reload_code_location
+
+    done, message = reload_code_location(timeout=60.0)
+    click.echo(message if done else f"note: {message}", err=not done)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="oaipmh-dagster")
+def cli() -> None:
+    """OAI-PMH harvesters as a Dagster code location.
+
+    The database is $OAIPMH_DATABASE_URL (default: a SQLite file in $DAGSTER_HOME)."""
+
+
+@cli.command()
+def init() -> None:
+    """Create or upgrade the tables (idempotent)."""
+    try:
+        engine = db.get_engine(migrate=False)
+        rev = db.upgrade(engine)
+    except db.DatabaseError as exc:
+        raise Failure(str(exc)) from exc
+    click.echo(f"database {db.redact(str(engine.url))} at schema revision {rev}")
+
+
+@cli.group()
+def harvester() -> None:
+    """Add, list, show, update and remove harvesters."""
+
+
+def _http_options(f):  # noqa: ANN001, ANN202 - click decorator plumbing
+    for opt in reversed([
+        click.option("--timeout", type=float, help="Read timeout per request, seconds (60)."),
+        click.option("--delay", type=float, help="Minimum seconds between requests (0)."),
+        click.option("--max-parallel", type=int, help="Parallel requests to the host (1)."),
+        click.option("--max-retries", type=int, help="Retries per request (5)."),
+        click.option("--auth-env", help="Name of the environment variable that holds "
+                     "'user:password' or 'Bearer <token>' for this endpoint."),
+        click.option("--comment", help="Free text."),
+    ]):
+        f = opt(f)
+    return f
+
+
+@harvester.command("add")
+@click.argument("harvester_id", metavar="ID")
+@click.option("--url", required=True, help="Base URL of the OAI-PMH endpoint.")
+@click.option("--prefix", required=True, help="metadataPrefix to harvest (e.g. oai_dc).")
+@click.option("--set", "sets", multiple=True, help="A set to harvest (repeatable; none = all).")
+@click.option("--cron", help="Schedule, a cron expression (none = no scheduled runs).")
+@click.option("--timezone", default="UTC", show_default=True, help="Timezone of the cron.")
+@click.option("--enabled/--disabled", default=True, help="Schedule running by default.")
+@click.option("--name", help="Display name.")
+@click.option("--transformer", help="Built-in transformer or package.module:function "
+              "(default by prefix).")
+@click.option("--no-check", is_flag=True, help="Do not probe the endpoint.")
+@_http_options
+def harvester_add(harvester_id: str, url: str, prefix: str, sets: tuple[str, ...],
+                  cron: str | None, timezone: str, enabled: bool, name: str | None,
+                  transformer: str | None, no_check: bool, **http: Any) -> None:
+    """Register a harvester (probes the endpoint unless --no-check)."""
+    http = {k: v for k, v in http.items() if v is not None}
+    try:
+        validate_id(harvester_id)
+        validate_url(url)
+        validate_cron(cron)
+        validate_timezone(timezone)
+        h = Harvester(id=harvester_id, base_url=url, metadata_prefix=prefix, sets=sets,
+                      cron=cron, timezone=timezone, enabled=enabled, name=name or "",
+                      transformer=transformer or "", **http)
+    except InvalidHarvester as exc:
+        raise UsageProblem(str(exc)) from exc
+    _check_transformer(h.transformer)
+    registry = _registry()
+    try:
+        registry.get(h.id)
+        raise Failure(f"harvester {h.id!r} already exists (use `harvester update`)")
+    except HarvesterNotFound:
+        pass
+    if not no_check:
+        repo_name = _probe(url, prefix, h.timeout)
+        if not name:
+            h = h.replace(name=repo_name[:255] or h.id)
+    try:
+        h = registry.add(h)
+    except HarvesterExists as exc:
+        raise Failure(str(exc)) from exc
+    click.echo(f"added harvester {h.id}: {h.base_url} ({h.metadata_prefix}); "
+               f"job and schedule {h.job_name}")
+    _reload()
+
+
+@harvester.command("update")
+@click.argument("harvester_id", metavar="ID")
+@click.option("--url", help="Base URL of the OAI-PMH endpoint.")
+@click.option("--prefix", help="metadataPrefix to harvest.")
+@click.option("--set", "sets", multiple=True, help="Replace the sets (repeatable).")
+@click.option("--all-sets", is_flag=True, help="Harvest the whole repository (clear sets).")
+@click.option("--cron", help="Schedule, a cron expression.")
+@click.option("--no-cron", is_flag=True, help="Remove the cron (no scheduled runs).")
+@click.option("--timezone", help="Timezone of the cron.")
+@click.option("--enabled/--disabled", default=None, help="Schedule running by default.")
+@click.option("--name", help="Display name.")
+@click.option("--transformer", help="Built-in transformer or package.module:function.")
+@click.option("--no-check", is_flag=True, help="Do not probe the endpoint.")
+@_http_options
+def harvester_update(harvester_id: str, sets: tuple[str, ...], all_sets: bool, no_cron: bool,
+                     no_check: bool, url: str | None, prefix: str | None, **fields: Any) -> None:
+    """Change fields of a harvester."""
+    registry = _registry()
+    try:
+        current = registry.get(harvester_id)
+    except HarvesterNotFound as exc:
+        raise Failure(str(exc)) from exc
+    changes = {k: v for k, v in fields.items() if v is not None}
+    if url is not None:
+        changes["base_url"] = url
+    if prefix is not None:
+        changes["metadata_prefix"] = prefix
+    if sets and all_sets:
+        raise UsageProblem("--set and --all-sets exclude each other")
+    if sets:
+        changes["sets"] = tuple(sets)
+    if all_sets:
+        changes["sets"] = ()
+    if no_cron:
+        if changes.get("cron"):
+            raise UsageProblem("--cron and --no-cron exclude each other")
+        changes["cron"] = None
+    if not changes:
+        raise UsageProblem("nothing to update: give at least one option")
+    try:
+        new = current.replace(**changes)
+    except InvalidHarvester as exc:
+        raise UsageProblem(str(exc)) from exc
+    if "transformer" in changes:
+        _check_transformer(new.transformer)
+    if not no_check and ("base_url" in changes or "metadata_prefix" in changes):
+        _probe(new.base_url, new.metadata_prefix, new.timeout)
+    try:
+        registry.update(harvester_id, **changes)
+    except (InvalidHarvester, HarvesterNotFound) as exc:
+        raise Failure(str(exc)) from exc
+    click.echo(f"updated harvester {harvester_id}: {', '.join(sorted(changes))}")
+    _reload()
+
+
+@harvester.command("remove")
+@click.argument("harvester_id", metavar="ID")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--delete-records", is_flag=True, help="Also delete its harvested records.")
+def harvester_remove(harvester_id: str, yes: bool, delete_records: bool) -> None:
+    """Remove a harvester (its schedule is stopped first; records are kept unless asked)."""
+    registry = _registry()
+    try:
+        h = registry.get(harvester_id)
+    except HarvesterNotFound as exc:
+        raise Failure(str(exc)) from exc
+    if not yes and not click.confirm(f"remove harvester {h.id} ({h.base_url})?", err=True):
+        raise Failure("not removed")
+    _stop_schedule(h)
+    registry.remove(h.id)
+    if delete_records:
+        from oaipmh_dagster.store import Store
+
+        n = Store(registry.engine).delete_harvester_records(h.id)
+        click.echo(f"deleted {n} records of {h.id}")
+    click.echo(f"removed harvester {h.id}")
+    _reload()
+
+
+def _stop_schedule(h: Harvester) -> None:
+    """Stop the harvester's schedule in the Dagster instance, if it has one there."""
+    try:
+        from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType
+
+        instance = _instance()
+        for state in instance.all_instigator_state(instigator_type=InstigatorType.SCHEDULE):
+            if state.name == h.job_name and state.status == InstigatorStatus.RUNNING:
+                instance.update_instigator_state(state.with_status(InstigatorStatus.STOPPED))
+                click.echo(f"stopped schedule {h.job_name}")
+    except Exception as exc:  # noqa: BLE001 - removing the row must not depend on it
+        click.echo(f"note: could not stop schedule {h.job_name}: {exc}", err=True)
+
+
+@harvester.command("list")
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of harvester objects.")
+def harvester_list(as_json: bool) -> None:
+    """List harvesters."""
+    rows = _registry().list_rows()
+    if as_json:
+        click.echo(json.dumps([r.to_dict() if isinstance(r, Harvester)
+                               else {"id": r.id, "invalid": r.error} for r in rows], indent=2))
+        return
+    from tabulate import tabulate
+
+    table = [
+        [r.id, r.base_url, r.metadata_prefix, ",".join(r.sets) or "-", r.cron or "-",
+         "on" if r.enabled else "off", r.transformer]
+        if isinstance(r, Harvester) else [r.id, f"INVALID: {r.error}", "", "", "", "", ""]
+        for r in rows
+    ]
+    if not table:
+        click.echo("no harvesters (add one with `oaipmh-dagster harvester add`)")
+        return
+    click.echo(tabulate(table, headers=["id", "url", "prefix", "sets", "cron", "schedule",
+                                        "transformer"]))
+
+
+@harvester.command("show")
+@click.argument("harvester_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="The harvester as a JSON object.")
+def harvester_show(harvester_id: str, as_json: bool) -> None:
+    """Show one harvester."""
+    try:
+        h = _registry().get(harvester_id)
+    except HarvesterNotFound as exc:
+        raise Failure(str(exc)) from exc
+    data = h.to_dict()
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    for key, value in data.items():
+        click.echo(f"{key:>16}: {value if value not in (None, '', []) else '-'}")
+    click.echo(f"{'job/schedule':>16}: {h.job_name}")
+
+
+def _instance():  # noqa: ANN202 - DagsterInstance, imported lazily
+    """The configured Dagster instance ($DAGSTER_HOME, default ./.dagster_home)."""
+    import dagster as dg
+
+    home = db.dagster_home()
+    os.environ.setdefault("DAGSTER_HOME", str(home))
+    home.mkdir(parents=True, exist_ok=True)
+    return dg.DagsterInstance.get()
+
+
+@cli.command()
+@click.argument("harvester_id", metavar="ID")
+@click.option("--since", help="Harvest records changed on or after this date.")
+@click.option("--until", help="Harvest records changed on or before this date.")
+@click.option("--full", is_flag=True, help="Ignore the remembered since: harvest everything.")
+@click.option("--oai-id", "oai_ids", multiple=True, help="Re-harvest exactly this identifier "
+              "(repeatable).")
+@click.option("--set", "sets", multiple=True, help="Harvest this set instead of the "
+              "harvester's own (repeatable).")
+@click.option("--no-resume", is_flag=True, help="Do not continue an interrupted harvest.")
+def harvest(harvester_id: str, since: str | None, until: str | None, full: bool,
+            oai_ids: tuple[str, ...], sets: tuple[str, ...], no_resume: bool) -> None:
+    """Run the job harvest_oaipmh_records_<ID> in this process on the Dagster instance."""
+    from oaipmh_dagster.oai import parse_user_datetime
+
+    if full and since:
+        raise UsageProblem("--full and --since exclude each other")
+    for label, value in (("since", since), ("until", until)):
+        if value:
+            try:
+                parse_user_datetime(value)
+            except ValueError as exc:
+                raise UsageProblem(f"--{label}: {exc}") from exc
+    try:
+        _registry().get(harvester_id)
+    except HarvesterNotFound as exc:
+        raise Failure(str(exc)) from exc
+    from oaipmh_dagster.dagster_parts.runner import run_harvest_job
+
+    config: dict[str, Any] = {"full": full, "resume": not no_resume}
+    if since:
+        config["since"] = since
+    if until:
+        config["until"] = until
+    if oai_ids:
+        config["oai_ids"] = list(oai_ids)
+    if sets:
+        config["sets"] = list(sets)
+    ok, message = run_harvest_job(_instance(), harvester_id, config)
+    if not ok:
+        raise Failure(message)
+    click.echo(message)
+
+
+@cli.command()
+@click.argument("harvester_id", metavar="ID")
+@click.option("--errors", "errors_only", is_flag=True, help="Only records with errors.")
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of record objects.")
+@click.option("--limit", type=int, help="At most this many records.")
+def records(harvester_id: str, errors_only: bool, as_json: bool, limit: int | None) -> None:
+    """Show the stored records of a harvester."""
+    from itertools import islice
+
+    from oaipmh_dagster.store import Store
+
+    registry = _registry()
+    store = Store(registry.engine)
+    items = store.iter_records(harvester_id, errors_only=errors_only)
+    if limit is not None:
+        items = islice(items, limit)
+    if as_json:
+        out = sys.stdout
+        out.write("[")
+        for i, item in enumerate(items):
+            out.write(("," if i else "") + "\n  " + json.dumps(item, ensure_ascii=False))
+        out.write("\n]\n")
+        return
+    from tabulate import tabulate
+
+    rows = []
+    for item in items:
+        meta = item["metadata"] or {}
+        title = meta.get("title") or meta.get("titles") or ""
+        if isinstance(title, list):
+            title = title[0] if title else ""
+        if isinstance(title, dict):
+            title = title.get("title", "")
+        rows.append([item["oai_identifier"], item["datestamp"], "deleted" if item["deleted"]
+                     else "", ",".join(item["sets"]), str(title)[:60],
+                     "; ".join(e.get("message", "")[:60] for e in item["errors"])])
+    click.echo(tabulate(rows, headers=["oai_identifier", "datestamp", "", "sets", "title",
+                                       "errors"]) if rows else "no records")
+
+
+@cli.command()
+@click.argument("harvester_id", metavar="ID")
+@click.option("--format", "fmt", type=click.Choice(["parquet", "csv", "jsonl"]), required=True)
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), required=True)
+def export(harvester_id: str, fmt: str, output: Path) -> None:
+    """Export the records of a harvester."""
+    from oaipmh_dagster.export import export as do_export
+    from oaipmh_dagster.store import Store
+
+    if not output.parent.exists():
+        raise UsageProblem(f"directory {output.parent} does not exist")
+    registry = _registry()
+    n = do_export(Store(registry.engine), harvester_id, fmt, output)
+    click.echo(f"wrote {n} records of {harvester_id} to {output}")
+
+
+@cli.command()
+@click.option("--port", default=3000, show_default=True, help="Port of the Dagster UI.")
+@click.option("--oai-port", default=8765, show_default=True, help="Port of the demo endpoint.")
+@click.option("--records", "n_records", default=300, show_default=True,
+              help="Records on the demo endpoint.")
+@click.option("--no-ui", is_flag=True, help="Set up and harvest, but do not start the UI.")
+def demo(port: int, oai_port: int, n_records: int, no_ui: bool) -> None:
+    """Start the demo endpoint, register the `demo` harvester, harvest once, open the UI."""
+    from oaipmh_dagster.demo.run import run_demo
+
+    code = run_demo(ui_port=port, oai_port=oai_port, n_records=n_records, ui=not no_ui,
+                    instance_factory=_instance)
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Console entry point: one line on stderr per error, exit 2 (usage) or 1 (failure)."""
+    try:
+        cli.main(args=argv, prog_name="oaipmh-dagster", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("oaipmh-dagster: aborted", err=True)
+        sys.exit(1)
+    except click.UsageError as exc:
+        click.echo(f"oaipmh-dagster: error: {exc.format_message()}", err=True)
+        sys.exit(2)
+    except click.ClickException as exc:
+        click.echo(f"oaipmh-dagster: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except db.DatabaseError as exc:
+        click.echo(f"oaipmh-dagster: error: {exc}", err=True)
+        sys.exit(1)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

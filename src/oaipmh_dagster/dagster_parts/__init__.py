@@ -1,0 +1,1 @@
+"""The thin Dagster layer: factories that turn a `Harvester` into definitions."""

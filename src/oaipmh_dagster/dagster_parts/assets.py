@@ -1,0 +1,244 @@
+"""Per-harvester assets: `oaipmh/<id>/source` (the endpoint) -> `raw_records` ->
+`records`, materialized by one op (raw first, then records)."""
+
+
+from typing import Any
+
+import dagster as dg
+
+from oaipmh_dagster import harvest as harvest_mod
+from oaipmh_dagster.dagster_parts.config import HarvestConfig
+from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
+from oaipmh_dagster.dagster_parts.since import (
+    ADVANCES_SINCE_KEY,
+    RESPONSE_DATE_KEY,
+    resolve_since,
+)
+from oaipmh_dagster.registry import Harvester
+from oaipmh_dagster.store import Store
+
+RECORD_COLUMNS = dg.TableSchema(
+    columns=[
+        dg.TableColumn("oai_identifier", "string", description="OAI identifier (unique per harvester)"),
+        dg.TableColumn("datestamp", "string", description="Header datestamp, ISO 8601 UTC"),
+        dg.TableColumn("deleted", "bool", description="Tombstone: the server deleted it"),
+        dg.TableColumn("sets", "list[string]", description="setSpecs of the header"),
+        dg.TableColumn("metadata", "json", description="Transformed metadata (null when deleted)"),
+        dg.TableColumn("errors", "list[json]", description="type/message/location of failures"),
+    ]
+)
+
+CHECK_NO_FAILED = "no_failed_records"
+CHECK_COMPLETE = "complete_list_size_matches"
+
+
+def asset_keys(harvester_id: str) -> tuple[dg.AssetKey, dg.AssetKey, dg.AssetKey]:
+    """(source, raw_records, records) keys of a harvester."""
+    prefix = ["oaipmh", harvester_id]
+    return (dg.AssetKey([*prefix, "source"]), dg.AssetKey([*prefix, "raw_records"]),
+            dg.AssetKey([*prefix, "records"]))
+
+
+def group_name(harvester_id: str) -> str:
+    return f"oaipmh_{harvester_id}"
+
+
+def op_name(harvester_id: str) -> str:
+    """Name of the op that materializes a harvester's assets (run config goes under it)."""
+    return f"harvest_{harvester_id}"
+
+
+def build_harvester_assets(h: Harvester) -> list[dg.AssetsDefinition]:
+    """The source spec and the harvest multi-asset of one harvester."""
+    source_key, raw_key, records_key = asset_keys(h.id)
+    group = group_name(h.id)
+    sets = ", ".join(h.sets) or "(whole repository)"
+    source = dg.AssetSpec(
+        source_key,
+        description=f"OAI-PMH endpoint {h.base_url} (metadataPrefix {h.metadata_prefix}, "
+        f"sets {sets}). Not materialized here: the remote repository.",
+        group_name=group,
+        kinds={"oaipmh"},
+        metadata={"url": dg.MetadataValue.url(h.base_url), "metadata_prefix": h.metadata_prefix,
+                  "sets": sets},
+    )
+    specs = [
+        dg.AssetSpec(
+            raw_key, deps=[source_key], group_name=group, kinds={"oaipmh", "xml"},
+            description=f"Headers and raw {h.metadata_prefix} XML of {h.name}, upserted per "
+            "page into oaipmh_record (deleted records kept as tombstones).",
+            skippable=True,
+        ),
+        dg.AssetSpec(
+            records_key, deps=[raw_key], group_name=group, kinds={"oaipmh", "json"},
+            description=f"Records of {h.name} transformed by '{h.transformer}' into JSON "
+            "(re-materializing only this asset re-transforms the stored raw XML).",
+            metadata={"dagster/column_schema": RECORD_COLUMNS},
+            skippable=True,
+        ),
+    ]
+    checks = [
+        dg.AssetCheckSpec(CHECK_NO_FAILED, asset=records_key,
+                          description="No record failed to transform (warning)."),
+        dg.AssetCheckSpec(CHECK_COMPLETE, asset=raw_key,
+                          description="On a full harvest, the records seen match the server's "
+                          "completeListSize."),
+    ]
+
+    @dg.multi_asset(
+        name=op_name(h.id),
+        specs=specs,
+        check_specs=checks,
+        can_subset=True,
+        description=f"Harvest {h.name} ({h.base_url}).",
+        op_tags={"oaipmh/harvester": h.id},
+    )
+    def _harvest(
+        context: dg.AssetExecutionContext, config: HarvestConfig, oaipmh_db: OAIPMHDatabase
+    ) -> Any:
+        yield from run_harvest(context, config, oaipmh_db, h)
+
+    return [dg.AssetsDefinition(specs=[source]), _harvest]
+
+
+def _location_name(context: dg.AssetExecutionContext) -> str | None:
+    origin = context.dagster_run.remote_job_origin
+    return origin.location_name if origin is not None else None
+
+
+def run_harvest(
+    context: dg.AssetExecutionContext, config: HarvestConfig, oaipmh_db: OAIPMHDatabase,
+    snapshot: Harvester,
+) -> Any:
+    """The op body: harvest (raw_records) and/or re-transform (records), then report."""
+    h = oaipmh_db.harvester(snapshot)
+    store = Store(oaipmh_db.engine())
+    _, raw_key, records_key = asset_keys(h.id)
+    selected = context.selected_asset_keys
+    if raw_key in selected:
+        resolved = resolve_since(
+            context.instance, h.id, since=config.since, full=config.full,
+            raw_asset_key=raw_key, location_name=_location_name(context),
+        )
+        context.log.info(
+            "harvesting %s (%s, prefix %s, sets %s) since=%s (from %s) until=%s%s",
+            h.id, h.base_url, h.metadata_prefix, list(config.sets or h.sets) or "all",
+            resolved.value or "-", resolved.source, config.until or "-",
+            f", {len(config.oai_ids)} identifiers" if config.oai_ids else "",
+        )
+        instance, run_id = context.instance, context.run_id
+
+        def is_stale(other_run: str | None) -> bool:
+            if other_run is None:
+                return True
+            record = instance.get_run_by_id(other_run)
+            return record is None or record.is_finished
+
+        stats = harvest_mod.harvest(
+            h, store, run_id=run_id, since=resolved.value, until=config.until,
+            full=config.full or resolved.value is None, oai_ids=config.oai_ids,
+            sets=config.sets, resume=config.resume, logger=context.log, is_stale=is_stale,
+        )
+        yield dg.MaterializeResult(asset_key=raw_key, metadata=raw_metadata(stats, resolved.source, config))
+        yield _complete_check(stats, raw_key)
+        counts = {"new": stats.new, "updated": stats.updated, "failed": stats.failed,
+                  "failed_ids": stats.failed_ids}
+    else:
+        counts = None
+    if records_key in selected:
+        if counts is None:
+            context.log.info("re-transforming the stored raw XML of %s with %s",
+                             h.id, h.transformer)
+            result = store.retransform(h.id, harvest_mod.make_transform(h.transformer),
+                                       run_id=context.run_id)
+            counts = {"new": 0, "updated": result.updated, "failed": result.failed,
+                      "failed_ids": result.failed_ids}
+        yield dg.MaterializeResult(asset_key=records_key, metadata=records_metadata(store, h, counts))
+        failed = store.failed_identifiers(h.id, limit=10)
+        yield dg.AssetCheckResult(
+            asset_key=records_key, check_name="no_failed_records", passed=not failed,
+            severity=dg.AssetCheckSeverity.WARN,
+            metadata={"failed_sample": ", ".join(failed) or "none",
+                      "failed_in_store": store.counts(h.id)["failed"]},
+        )
+
+
+def raw_metadata(stats: harvest_mod.HarvestStats, since_source: str, config: HarvestConfig) -> dict:
+    """Materialization metadata of raw_records: the harvest's statistics."""
+    advances = not config.oai_ids and not config.until
+    meta: dict[str, Any] = {
+        RESPONSE_DATE_KEY: stats.response_date or "",
+        ADVANCES_SINCE_KEY: advances,
+        "oai/mode": stats.mode,
+        "oai/since": stats.since or "",
+        "oai/since_source": since_source,
+        "oai/until": stats.until or "",
+        "oai/granularity": stats.granularity,
+        "oai/sets": ", ".join(stats.sets) or "(all)",
+        "records": stats.records,
+        "new": stats.new,
+        "updated": stats.updated,
+        "deleted": stats.deleted,
+        "unchanged": stats.unchanged,
+        "failed": stats.failed,
+        "pages": stats.pages,
+        "requests": stats.requests,
+        "retries": stats.retries,
+        "bytes": stats.bytes,
+        "duration_s": round(stats.duration, 3),
+        "records_per_second": round(stats.records_per_second, 1),
+    }
+    if stats.complete_list_size is not None:
+        meta["oai/complete_list_size"] = stats.complete_list_size
+    if stats.resumed_from_token:
+        meta["oai/resumed_from_token"] = stats.resumed_from_token
+    return meta
+
+
+def _complete_check(stats: harvest_mod.HarvestStats, raw_key: dg.AssetKey) -> dg.AssetCheckResult:
+    if stats.mode != "full" or stats.sets or stats.complete_list_size is None:
+        return dg.AssetCheckResult(
+            asset_key=raw_key, check_name=CHECK_COMPLETE, passed=True,
+            metadata={"note": "only checked on full harvests of the whole repository where "
+                      "the server sends completeListSize"},
+        )
+    return dg.AssetCheckResult(
+        asset_key=raw_key, check_name=CHECK_COMPLETE,
+        passed=stats.records == stats.complete_list_size,
+        metadata={"records": stats.records, "complete_list_size": stats.complete_list_size},
+    )
+
+
+def records_metadata(store: Store, h: Harvester, counts: dict) -> dict:
+    """Materialization metadata of records: row count, preview, schema, failures."""
+    totals = store.counts(h.id)
+    return {
+        "dagster/row_count": totals["live"],
+        "dagster/column_schema": RECORD_COLUMNS,
+        "deleted_in_store": totals["deleted"],
+        "transformed": counts["new"] + counts["updated"],
+        "failed": counts["failed"],
+        "failed_in_store": totals["failed"],
+        "transformer": h.transformer,
+        "preview": dg.MetadataValue.md(preview_markdown(store, h.id)),
+    }
+
+
+def preview_markdown(store: Store, harvester_id: str, rows: int = 10) -> str:
+    """The first live records as a Markdown table (pandas)."""
+    import pandas as pd
+
+    from oaipmh_dagster.export import flatten
+
+    items = []
+    for item in store.iter_records(harvester_id, batch=rows * 2):
+        if not item["deleted"]:
+            items.append(flatten(item, max_len=80))
+        if len(items) >= rows:
+            break
+    if not items:
+        return "_no live records_"
+    frame = pd.DataFrame(items)
+    keep = [c for c in frame.columns if c in ("oai_identifier", "datestamp", "sets")]
+    keep += [c for c in frame.columns if c.startswith("metadata.")][:4]
+    return frame[keep].to_markdown(index=False)

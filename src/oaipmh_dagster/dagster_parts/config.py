@@ -1,0 +1,42 @@
+"""Run configuration of a harvest (the launchpad form)."""
+
+from __future__ import annotations
+
+import dagster as dg
+from pydantic import Field
+
+
+class HarvestConfig(dg.Config):
+    """How one run of `harvest_oaipmh_records_<id>` harvests. Defaults: incremental."""
+
+    since: str | None = Field(
+        default=None,
+        description=(
+            "Harvest records changed on or after this date (YYYY-MM-DD or an ISO 8601 "
+            "datetime, UTC unless it has an offset). Empty: the last successful harvest's "
+            "server date (the since sensor's cursor), or everything on the first run."
+        ),
+    )
+    until: str | None = Field(
+        default=None,
+        description="Harvest records changed on or before this date. Empty: up to now.",
+    )
+    full: bool = Field(
+        default=False,
+        description="Ignore the remembered since and harvest the whole repository.",
+    )
+    oai_ids: list[str] = Field(
+        default_factory=list,
+        description="Re-harvest exactly these OAI identifiers with GetRecord (nothing else).",
+    )
+    sets: list[str] | None = Field(
+        default=None,
+        description="Harvest these sets instead of the harvester's own (empty list: all).",
+    )
+    resume: bool = Field(
+        default=True,
+        description=(
+            "Continue an interrupted harvest of this harvester from its last committed page "
+            "when its resumption token is still accepted."
+        ),
+    )

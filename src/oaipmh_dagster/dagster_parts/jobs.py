@@ -1,0 +1,42 @@
+"""The job `harvest_oaipmh_records_<id>` of each harvester."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import dagster as dg
+
+from oaipmh_dagster.registry import Harvester
+
+HARVESTER_TAG = "oaipmh/harvester"
+HOST_TAG = "oaipmh/host"
+
+
+def run_tags(h: Harvester) -> dict[str, str]:
+    """Tags every run of the harvester carries (the concurrency limits key on them)."""
+    return {HARVESTER_TAG: h.id, HOST_TAG: h.host}
+
+
+def build_harvest_job(
+    h: Harvester, assets: Sequence[dg.AssetsDefinition], resources: dict[str, Any]
+) -> dg.JobDefinition:
+    """The harvester's asset job, resolved against its own assets only.
+
+    Resolving each job against the whole asset graph costs O(harvesters) per job,
+    O(N^2) in all (32 s at 1000 harvesters); against its own three assets it is O(1).
+    `resolve(asset_graph=...)` is not public API: it stays in this function."""
+    from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
+
+    job = dg.define_asset_job(
+        h.job_name,
+        selection=dg.AssetSelection.assets(*[a for a in assets if a.is_executable]),
+        description=f"Harvest {h.name} from {h.base_url} ({h.metadata_prefix}) into the "
+        "record store: raw_records, then records.",
+        tags=run_tags(h),
+        executor_def=dg.in_process_executor,
+    )
+    from dagster._core.execution.with_resources import wrap_resources_for_execution
+
+    return job.resolve(asset_graph=AssetGraph.from_assets(list(assets)),
+                       resource_defs=wrap_resources_for_execution(resources))

@@ -1,0 +1,80 @@
+"""Run a harvester's job in this process on a Dagster instance (the CLI's `harvest`)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import dagster as dg
+
+from oaipmh_dagster import harvest as harvest_mod
+from oaipmh_dagster.dagster_parts.assets import op_name
+from oaipmh_dagster.registry import Registry
+
+
+def _printer(stream: Any = sys.stderr) -> Any:
+    last = [0.0]
+    interactive = stream.isatty()
+
+    def show(event: harvest_mod.Progress | harvest_mod.HarvestStats) -> None:
+        if isinstance(event, harvest_mod.HarvestStats):
+            if interactive:
+                stream.write("\r\033[K")
+            return
+        now = time.monotonic()
+        if interactive or now - last[0] >= 5 or event.token is None:
+            last[0] = now
+            total = f"/{event.complete_list_size}" if event.complete_list_size else ""
+            line = (f"page {event.pages}: {event.records}{total} records, "
+                    f"{event.rate:.0f} records/s")
+            stream.write(("\r\033[K" + line) if interactive else line + "\n")
+            stream.flush()
+
+    return show
+
+
+def _root_cause(error: Any) -> str:
+    """The innermost error's first line (not Dagster's wrapper)."""
+    while getattr(error, "cause", None) is not None:
+        error = error.cause
+    return error.message.strip().splitlines()[0]
+
+
+def run_harvest_job(
+    instance: dg.DagsterInstance, harvester_id: str, config: dict[str, Any],
+    registry: Registry | None = None,
+) -> tuple[bool, str]:
+    """Execute `harvest_oaipmh_records_<id>` in-process; returns (success, summary line)."""
+    from oaipmh_dagster.definitions import build_definitions
+
+    registry = registry or Registry()
+    h = registry.get(harvester_id)
+    defs = build_definitions([h])
+    job = defs.resolve_job_def(h.job_name)
+    finals: list[harvest_mod.HarvestStats] = []
+
+    def collect(event: harvest_mod.Progress | harvest_mod.HarvestStats) -> None:
+        if isinstance(event, harvest_mod.HarvestStats):
+            finals.append(event)
+
+    printer = _printer()
+    run_config = {
+        "ops": {op_name(h.id): {"config": config}},
+        "loggers": {"console": {"config": {"log_level": "WARNING"}}},
+    }
+    with harvest_mod.listening(printer), harvest_mod.listening(collect):
+        result = job.execute_in_process(
+            run_config=run_config, instance=instance, raise_on_error=False,
+        )
+    if not result.success:
+        errors = [
+            _root_cause(ev.event_specific_data.error)
+            for ev in result.all_events
+            if ev.is_step_failure and ev.event_specific_data is not None
+            and getattr(ev.event_specific_data, "error", None) is not None
+        ]
+        detail = errors[0] if errors else "see the run's logs"
+        return False, f"run {result.run_id} failed: {detail}"
+    summary = finals[-1].summary() if finals else "records re-transformed"
+    return True, f"run {result.run_id} succeeded. {summary}"

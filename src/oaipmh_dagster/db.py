@@ -1,0 +1,161 @@
+"""One SQLAlchemy engine per database URL, and the versioned schema (Alembic)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+log = logging.getLogger(__name__)
+
+DATABASE_URL_ENV = "OAIPMH_DATABASE_URL"
+VERSION_TABLE = "oaipmh_alembic_version"  # not Dagster's own `alembic_version`
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+metadata = sa.MetaData()
+
+_engines: dict[str, Engine] = {}
+_migrated: set[str] = set()
+_lock = threading.Lock()
+
+
+class DatabaseError(RuntimeError):
+    """The database cannot be reached or its schema cannot be brought up to date."""
+
+
+def dagster_home() -> Path:
+    """`$DAGSTER_HOME`, or `./.dagster_home` when unset."""
+    return Path(os.environ.get("DAGSTER_HOME") or ".dagster_home").resolve()
+
+
+def database_url() -> str:
+    """`$OAIPMH_DATABASE_URL`, or a SQLite file under the Dagster home."""
+    url = os.environ.get(DATABASE_URL_ENV, "").strip()
+    if url:
+        return url
+    home = dagster_home()
+    home.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{home / 'oaipmh.sqlite'}"
+
+
+def redact(url: str) -> str:
+    """The URL with any password hidden, for messages."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - a malformed URL is shown as a placeholder
+        return "<unparseable database URL>"
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - DB-API connection
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def get_engine(url: str | None = None, *, migrate: bool = True) -> Engine:
+    """The process-wide engine for `url` (default `database_url()`), schema brought up to date."""
+    url = url or database_url()
+    with _lock:
+        engine = _engines.get(url)
+        if engine is None:
+            try:
+                sa_url = sa.engine.make_url(url)
+            except Exception as exc:
+                raise DatabaseError(f"invalid database URL {redact(url)!r}: {exc}") from exc
+            kwargs: dict = {"future": True}
+            if sa_url.get_backend_name() == "sqlite":
+                kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
+            else:
+                kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=5)
+            try:
+                engine = sa.create_engine(sa_url, **kwargs)
+            except Exception as exc:
+                raise DatabaseError(f"cannot use database {redact(url)}: {exc}") from exc
+            if sa_url.get_backend_name() == "sqlite":
+                sa.event.listen(engine, "connect", _sqlite_pragmas)
+            _engines[url] = engine
+    if migrate and url not in _migrated:
+        upgrade(engine)
+    return engine
+
+
+def dispose_all() -> None:
+    """Close every pooled connection (tests, forks)."""
+    with _lock:
+        for engine in _engines.values():
+            engine.dispose()
+        _engines.clear()
+        _migrated.clear()
+
+
+def _alembic_config(connection: sa.Connection):  # noqa: ANN202 - alembic type
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The schema revision recorded in the database (None before `init`)."""
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        return ctx.get_current_revision()
+
+
+def head_revision() -> str:
+    """The newest schema revision this code knows."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    head = ScriptDirectory.from_config(cfg).get_current_head()
+    assert head is not None
+    return head
+
+
+def upgrade(engine: Engine, revision: str = "head") -> str | None:
+    """Create or upgrade the tables (idempotent, safe against a concurrent upgrade)."""
+    from alembic import command
+
+    url = engine.url.render_as_string(hide_password=False)
+    try:
+        if revision == "head" and current_revision(engine) == head_revision():
+            _migrated.add(url)
+            return head_revision()
+        with engine.begin() as conn:
+            if engine.dialect.name == "postgresql":
+                # Serialize concurrent upgrades from several processes.
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(7262012)"))
+            command.upgrade(_alembic_config(conn), revision)
+    except sa.exc.OperationalError as exc:
+        raise DatabaseError(
+            f"cannot reach database {redact(url)}: {str(exc.orig).strip().splitlines()[0]}"
+        ) from exc
+    if revision == "head":
+        _migrated.add(url)
+    rev = current_revision(engine)
+    log.info("database %s at schema revision %s", redact(url), rev)
+    return rev
+
+
+def table_exists(engine: Engine, name: str) -> bool:
+    """Whether `name` exists, without creating anything."""
+    try:
+        return sa.inspect(engine).has_table(name)
+    except sa.exc.OperationalError as exc:
+        raise DatabaseError(
+            f"cannot reach database {redact(str(engine.url))}: "
+            f"{str(exc.orig).strip().splitlines()[0]}"
+        ) from exc

@@ -1,0 +1,79 @@
+"""The code location: one job, one schedule and three assets per registered harvester,
+plus the since sensor. Runs rebuild it from the rows stored in reconstruction metadata,
+never from the registry, so a row changed or removed since the last load cannot break a
+run that was launched against it."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import dagster as dg
+from dagster._core.definitions.definitions_load_context import (
+    DefinitionsLoadContext,
+    DefinitionsLoadType,
+)
+
+from oaipmh_dagster import db
+from oaipmh_dagster.dagster_parts.assets import build_harvester_assets
+from oaipmh_dagster.dagster_parts.jobs import build_harvest_job
+from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
+from oaipmh_dagster.dagster_parts.schedules import build_schedule
+from oaipmh_dagster.dagster_parts.sensors import build_since_sensor
+from oaipmh_dagster.registry import Harvester, InvalidRow, Registry, harvester_table
+
+log = logging.getLogger(__name__)
+
+ROWS_KEY = "oaipmh/harvesters"
+
+
+def load_harvesters() -> list[Harvester]:
+    """The registry's valid rows; a missing table (fresh install) gives none."""
+    engine = db.get_engine(migrate=False)
+    if not db.table_exists(engine, harvester_table.name):
+        log.warning("no harvester table in %s yet: run `oaipmh-dagster init` or add a "
+                    "harvester; the code location is empty", db.redact(str(engine.url)))
+        return []
+    rows = Registry(engine).list_rows()
+    for row in rows:
+        if isinstance(row, InvalidRow):
+            log.error("harvester row %r is invalid and was left out: %s", row.id, row.error)
+    return [r for r in rows if isinstance(r, Harvester)]
+
+
+def build_definitions(
+    harvesters: list[Harvester], location_name: str | None = None
+) -> dg.Definitions:
+    """Definitions for `harvesters` (a loop over factories; no I/O)."""
+    resources = {"oaipmh_db": OAIPMHDatabase()}
+    assets, jobs, schedules = [], [], []
+    for h in harvesters:
+        harvester_assets = build_harvester_assets(h)
+        job = build_harvest_job(h, harvester_assets, resources)
+        assets.extend(harvester_assets)
+        jobs.append(job)
+        schedules.append(build_schedule(h, job, location_name))
+    return dg.Definitions(
+        assets=assets,
+        jobs=jobs,
+        schedules=schedules,
+        sensors=[build_since_sensor()],
+        resources=resources,
+    )
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    """Entry point of the code location (workspace.yaml: module oaipmh_dagster.definitions)."""
+    context = DefinitionsLoadContext.get()
+    stored = None
+    if context.load_type == DefinitionsLoadType.RECONSTRUCTION:
+        stored = context.reconstruction_metadata.get(ROWS_KEY)
+    if stored is not None:
+        harvesters = [Harvester.from_dict(d) for d in json.loads(stored)]
+    else:
+        harvesters = load_harvesters()
+    rows = json.dumps([h.to_dict() for h in harvesters], sort_keys=True)
+    return build_definitions(harvesters, context.code_location_name).with_reconstruction_metadata(
+        {ROWS_KEY: rows}
+    )

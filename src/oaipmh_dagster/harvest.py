@@ -1,0 +1,355 @@
+"""One harvest of one harvester: since -> pages -> store -> statistics.
+
+No Dagster in here: the Dagster op, the CLI (through the job) and the benchmarks all
+call `harvest()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from oaipmh_dagster import __version__
+from oaipmh_dagster.oai import (
+    BadResumptionToken,
+    ClientOptions,
+    Granularity,
+    IdDoesNotExist,
+    OAIClient,
+    Page,
+    format_datestamp,
+    parse_user_datetime,
+)
+from oaipmh_dagster.registry import Harvester
+from oaipmh_dagster.store import PageCounts, Store
+from oaipmh_dagster.transform import get_transformer, transform_record
+
+log = logging.getLogger(__name__)
+
+GETRECORD_BATCH = 100
+
+
+class HarvestError(RuntimeError):
+    """A harvest could not complete; committed pages stay valid."""
+
+
+class CredentialsError(HarvestError):
+    """The environment variable named by the harvester's `auth_env` is missing or bad."""
+
+
+@dataclass
+class HarvestStats:
+    """What one harvest did (also the materialization metadata)."""
+
+    harvester_id: str
+    mode: str = "incremental"  # incremental | full | oai_ids | resumed
+    since: str | None = None
+    until: str | None = None
+    sets: list[str] = field(default_factory=list)
+    granularity: str = Granularity.DAY.value
+    response_date: str | None = None  # the server's clock at the first response
+    pages: int = 0
+    requests: int = 0
+    retries: int = 0
+    bytes: int = 0
+    stripped_chars: int = 0
+    new: int = 0
+    updated: int = 0
+    deleted: int = 0
+    unchanged: int = 0
+    failed: int = 0
+    failed_ids: list[str] = field(default_factory=list)
+    complete_list_size: int | None = None
+    resumed_from_token: str | None = None
+    duration: float = 0.0
+
+    @property
+    def records(self) -> int:
+        """Records seen (every header the server sent for this harvest)."""
+        return self.new + self.updated + self.deleted + self.unchanged
+
+    @property
+    def records_per_second(self) -> float:
+        return self.records / self.duration if self.duration > 0 else 0.0
+
+    def add_counts(self, counts: PageCounts) -> None:
+        """Accumulate one page's store counts."""
+        self.new += counts.new
+        self.updated += counts.updated
+        self.deleted += counts.deleted
+        self.unchanged += counts.unchanged
+        self.failed += counts.failed
+        self.failed_ids.extend(counts.failed_ids[: max(0, 20 - len(self.failed_ids))])
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["records"] = self.records
+        data["records_per_second"] = round(self.records_per_second, 1)
+        data["duration"] = round(self.duration, 3)
+        return data
+
+    def summary(self) -> str:
+        """One line for logs and the CLI."""
+        return (
+            f"{self.harvester_id}: {self.records} records ({self.new} new, {self.updated} "
+            f"updated, {self.deleted} deleted, {self.unchanged} unchanged, {self.failed} "
+            f"failed) in {self.pages} pages, {self.requests} requests, {self.retries} retries, "
+            f"{self.bytes / 1e6:.1f} MB, {self.duration:.1f} s "
+            f"({self.records_per_second:.0f} records/s); since={self.since or '-'} "
+            f"until={self.until or '-'} response_date={self.response_date}"
+        )
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Emitted after each committed page."""
+
+    pages: int
+    records: int
+    rate: float
+    cursor: int | None
+    complete_list_size: int | None
+    token: str | None
+
+
+_listeners: list[Callable[[Progress | HarvestStats], None]] = []
+
+
+@contextmanager
+def listening(fn: Callable[[Progress | HarvestStats], None]) -> Iterator[None]:
+    """Call `fn` with each `Progress` and the final `HarvestStats` of harvests in this
+    process while the block runs (the CLI's progress line)."""
+    _listeners.append(fn)
+    try:
+        yield
+    finally:
+        _listeners.remove(fn)
+
+
+def _notify(event: Progress | HarvestStats) -> None:
+    for fn in list(_listeners):
+        fn(event)
+
+
+def credentials(h: Harvester) -> dict[str, Any]:
+    """Client auth options from the environment variable the row names.
+
+    The variable holds `user:password` (HTTP basic) or `Bearer <token>`."""
+    if not h.auth_env:
+        return {}
+    value = os.environ.get(h.auth_env)
+    if not value:
+        raise CredentialsError(
+            f"harvester {h.id!r} needs credentials from ${h.auth_env}, which is not set"
+        )
+    if value.lower().startswith("bearer "):
+        return {"bearer_token": value[7:].strip()}
+    user, sep, password = value.partition(":")
+    if not sep:
+        raise CredentialsError(
+            f"${h.auth_env} must hold 'user:password' or 'Bearer <token>'"
+        )
+    return {"auth": (user, password)}
+
+
+def client_options(h: Harvester, **overrides: Any) -> ClientOptions:
+    """The client options of a harvester row."""
+    values: dict[str, Any] = {
+        "read_timeout": h.timeout,
+        "delay": h.delay,
+        "max_parallel": h.max_parallel,
+        "max_retries": h.max_retries,
+        "user_agent": f"oaipmh-dagster/{__version__}",
+    }
+    values.update(credentials(h))
+    values.update(overrides)
+    return ClientOptions(**values)
+
+
+def make_transform(name: str) -> Callable[[bytes], dict[str, Any]]:
+    """A bytes -> dict function for the store, from a transformer name or dotted path."""
+    fn = get_transformer(name)
+    return lambda raw: transform_record(fn, raw)
+
+
+def harvest(
+    h: Harvester,
+    store: Store,
+    *,
+    run_id: str,
+    since: str | datetime | None = None,
+    until: str | datetime | None = None,
+    full: bool = False,
+    oai_ids: Sequence[str] = (),
+    sets: Sequence[str] | None = None,
+    resume: bool = True,
+    transform: bool = True,
+    logger: logging.Logger | Any = log,
+    progress: Callable[[Progress], None] | None = None,
+    options: ClientOptions | None = None,
+    client: OAIClient | None = None,
+    is_stale: Callable[[str | None], bool] | None = None,
+) -> HarvestStats:
+    """Harvest `h` into `store` and return the statistics; raise on failure.
+
+    `since`/`until` are user input (a date or datetime); `full` ignores `since`;
+    `oai_ids` fetches exactly those records with GetRecord. Each page is committed
+    with its checkpoint, so a failed or killed harvest is resumed by the next one."""
+    started = time.perf_counter()
+    stats = HarvestStats(harvester_id=h.id)
+    since_dt = None if full or since in (None, "") else parse_user_datetime(since)
+    until_dt = None if until in (None, "") else parse_user_datetime(until)
+    if since_dt and until_dt and since_dt > until_dt:
+        raise HarvestError(f"since {since} is after until {until}")
+    set_specs = list(h.sets if sets is None else sets)
+    stats.sets = set_specs
+    transform_fn = make_transform(h.transformer) if transform else None
+    own_client = client is None
+    client = client or OAIClient(h.base_url, options or client_options(h), logger=logger)
+    checkpoint = store.acquire(h.id, run_id, is_stale=is_stale)
+    ok = False
+    try:
+        ident = client.identify()
+        gran = ident.granularity
+        stats.granularity = gran.value
+        stats.response_date = format_datestamp(ident.response_date, gran)
+        stats.since = format_datestamp(since_dt, gran) if since_dt else None
+        stats.until = format_datestamp(until_dt, gran) if until_dt else None
+        if oai_ids:
+            stats.mode = "oai_ids"
+            pages = ((None, p) for p in _get_records(client, h, list(oai_ids)))
+        else:
+            stats.mode = "full" if since_dt is None else "incremental"
+            args = {"metadata_prefix": h.metadata_prefix, "sets": set_specs,
+                    "from": stats.since, "until": stats.until}
+            pages = _list_pages(client, h, args, checkpoint if resume else None, stats, logger)
+        for set_spec, page in pages:
+            cp = None if oai_ids else _checkpoint(page, set_spec, h.metadata_prefix, stats)
+            counts = store.upsert_page(h.id, page.records, run_id=run_id,
+                                       transform=transform_fn, checkpoint=cp)
+            stats.add_counts(counts)
+            stats.pages += 1
+            rt = page.resumption_token
+            if rt is not None and rt.complete_list_size is not None:
+                stats.complete_list_size = rt.complete_list_size
+            elapsed = time.perf_counter() - started
+            event = Progress(
+                pages=stats.pages, records=stats.records,
+                rate=stats.records / elapsed if elapsed else 0.0,
+                cursor=rt.cursor if rt else None,
+                complete_list_size=stats.complete_list_size, token=page.token,
+            )
+            logger.info(
+                "page %d: %d records so far (%.0f/s)%s", event.pages, event.records, event.rate,
+                f", cursor {event.cursor} of {event.complete_list_size}"
+                if event.cursor is not None else "",
+            )
+            if progress is not None:
+                progress(event)
+            _notify(event)
+        ok = True
+    finally:
+        cs = client.stats
+        stats.requests, stats.retries = cs.requests, cs.retries
+        stats.bytes, stats.stripped_chars = cs.bytes_received, cs.stripped_chars
+        stats.duration = time.perf_counter() - started
+        store.release(h.id, run_id, succeeded=ok)
+        if own_client:
+            client.close()
+    logger.info("harvest finished: %s", stats.summary())
+    _notify(stats)
+    return stats
+
+
+def _checkpoint(
+    page: Page, set_spec: str | None, prefix: str, stats: HarvestStats
+) -> dict[str, Any] | None:
+    """Where to resume after this page (None once its list is complete)."""
+    if not page.token:
+        return None
+    return {"args": {"metadataPrefix": prefix, "set": set_spec, "from": stats.since,
+                     "until": stats.until},
+            "token": page.token, "set": set_spec, "pages": stats.pages + 1,
+            "records": stats.records + len(page.records), "since": stats.since,
+            "until": stats.until}
+
+
+def _resume_point(checkpoint: dict | None, args: dict[str, Any]) -> tuple[str | None, str] | None:
+    """(set, token) to resume from, when the checkpoint belongs to this same list."""
+    if not checkpoint or not checkpoint.get("token"):
+        return None
+    cp_args = checkpoint.get("args") or {}
+    same = (
+        checkpoint.get("since") == args["from"]
+        and checkpoint.get("until") == args["until"]
+        and cp_args.get("metadataPrefix") == args["metadata_prefix"]
+        and (checkpoint.get("set") in args["sets"] if args["sets"] else not checkpoint.get("set"))
+    )
+    return (checkpoint.get("set"), checkpoint["token"]) if same else None
+
+
+def _list_pages(
+    client: OAIClient, h: Harvester, args: dict[str, Any], checkpoint: dict | None,
+    stats: HarvestStats, logger: Any,
+) -> Iterator[tuple[str | None, Page]]:
+    """The harvest's ListRecords pages (with the set each belongs to), resuming from `checkpoint` when it still applies."""
+    sets: list[str | None] = list(args["sets"]) or [None]
+    first = 0
+    point = _resume_point(checkpoint, args)
+    if point is not None:
+        set_spec, token = point
+        first = sets.index(set_spec)
+        stats.mode = "resumed"
+        stats.resumed_from_token = token
+        logger.info("resuming the interrupted harvest after page %s (%s records) with token %r",
+                    checkpoint.get("pages"), checkpoint.get("records"), token)
+        try:
+            for page in client.iter_pages("ListRecords", resumption_token=token):
+                yield set_spec, page
+            first += 1
+        except BadResumptionToken:
+            logger.warning("the checkpoint's resumption token is no longer accepted: "
+                           "restarting the list from its original arguments")
+    remaining = sets[first:]
+    if not remaining:
+        return
+    for page in client.iter_record_pages(
+        h.metadata_prefix, sets=[s for s in remaining if s is not None],
+        from_=args["from"], until=args["until"],
+    ):
+        yield page.request_args.get("set"), page
+
+
+def _get_records(client: OAIClient, h: Harvester, identifiers: list[str]) -> Iterator[Page]:
+    """Pages of GetRecord results for exactly `identifiers`; missing ones fail the harvest
+    after the others are stored."""
+    missing: list[str] = []
+    batch = []
+    for identifier in dict.fromkeys(identifiers):
+        try:
+            batch.append(client.get_record(identifier, h.metadata_prefix))
+        except IdDoesNotExist:
+            missing.append(identifier)
+        if len(batch) >= GETRECORD_BATCH:
+            yield _synthetic_page(batch)
+            batch = []
+    if batch:
+        yield _synthetic_page(batch)
+    if missing:
+        raise HarvestError(
+            f"{len(missing)} of {len(identifiers)} identifiers do not exist on the server: "
+            + ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
+        )
+
+
+def _synthetic_page(records: list) -> Page:
+    from datetime import UTC
+
+    return Page(records=records, resumption_token=None, response_date=datetime.now(UTC),
+                request_url="", verb="GetRecord", params={})

@@ -1,0 +1,322 @@
+"""The harvester table: the `Harvester` row, its validation, and CRUD."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from oaipmh_dagster import db
+
+ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_]{0,47}$")
+# OAI-PMH 2.0 schema: metadataPrefix and setSpec character classes.
+PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9\-_.!~*'()]+$")
+SET_SPEC_PATTERN = re.compile(r"^[A-Za-z0-9\-_.!~*'()]+(:[A-Za-z0-9\-_.!~*'()]+)*$")
+TRANSFORMER_PATTERN = re.compile(r"^([a-z0-9_]+|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$")
+ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+DEFAULT_TRANSFORMERS = {
+    "oai_dc": "oai_dc",
+    "datacite": "datacite",
+    "oai_datacite": "datacite",
+    "datacite3": "datacite",
+    "datacite4": "datacite",
+    "marc21": "marc21",
+    "marcxml": "marc21",
+    "marc": "marc21",
+}
+
+harvester_table = sa.Table(
+    "oaipmh_harvester",
+    db.metadata,
+    sa.Column("id", sa.String(48), primary_key=True),
+    sa.Column("name", sa.String(255), nullable=False),
+    sa.Column("base_url", sa.String(2048), nullable=False),
+    sa.Column("metadata_prefix", sa.String(255), nullable=False),
+    sa.Column("sets", sa.JSON, nullable=False),
+    sa.Column("transformer", sa.String(255), nullable=False),
+    sa.Column("cron", sa.String(255), nullable=True),
+    sa.Column("timezone", sa.String(64), nullable=False),
+    sa.Column("enabled", sa.Boolean, nullable=False),
+    sa.Column("comment", sa.Text, nullable=False),
+    sa.Column("timeout", sa.Float, nullable=False),
+    sa.Column("delay", sa.Float, nullable=False),
+    sa.Column("max_parallel", sa.Integer, nullable=False),
+    sa.Column("max_retries", sa.Integer, nullable=False),
+    sa.Column("auth_env", sa.String(255), nullable=True),
+    sa.Column("created", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated", sa.DateTime(timezone=True), nullable=False),
+)
+
+
+class RegistryError(Exception):
+    """Base of the registry's errors."""
+
+
+class InvalidHarvester(RegistryError, ValueError):
+    """A harvester field does not validate."""
+
+
+class HarvesterNotFound(RegistryError, LookupError):
+    """No harvester with that id."""
+
+
+class HarvesterExists(RegistryError):
+    """A harvester with that id is already registered."""
+
+
+def default_transformer(metadata_prefix: str) -> str:
+    """The built-in transformer for a metadata prefix (`xml` when none fits)."""
+    return DEFAULT_TRANSFORMERS.get(metadata_prefix.lower(), "xml")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+@dataclass(frozen=True)
+class Harvester:
+    """One registered OAI-PMH harvester (a row of `oaipmh_harvester`)."""
+
+    id: str
+    base_url: str
+    metadata_prefix: str
+    name: str = ""
+    sets: tuple[str, ...] = ()
+    transformer: str = ""
+    cron: str | None = None
+    timezone: str = "UTC"
+    enabled: bool = True
+    comment: str = ""
+    timeout: float = 60.0
+    delay: float = 0.0
+    max_parallel: int = 1
+    max_retries: int = 5
+    auth_env: str | None = None
+    created: datetime | None = field(default=None, compare=False)
+    updated: datetime | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sets", tuple(self.sets))
+        if not self.transformer:
+            object.__setattr__(self, "transformer", default_transformer(self.metadata_prefix))
+        if not self.name:
+            object.__setattr__(self, "name", self.id)
+        validate(self)
+
+    @property
+    def job_name(self) -> str:
+        """Name of the job and of the schedule (contract)."""
+        return f"harvest_oaipmh_records_{self.id}"
+
+    @property
+    def host(self) -> str:
+        """The endpoint's host (with port), for per-host limits."""
+        return urlsplit(self.base_url).netloc.lower()
+
+    def replace(self, **changes: Any) -> Harvester:
+        """A copy with `changes` applied and validated."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Stable JSON form (documented in the README)."""
+        data = dataclasses.asdict(self)
+        data["sets"] = list(self.sets)
+        for key in ("created", "updated"):
+            value = data[key]
+            data[key] = value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if value else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Harvester:
+        """Inverse of `to_dict` (also accepts a database row mapping)."""
+        values = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
+        for key in ("created", "updated"):
+            value = values.get(key)
+            if isinstance(value, str):
+                values[key] = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            elif isinstance(value, datetime) and value.tzinfo is None:
+                values[key] = value.replace(tzinfo=UTC)
+        values["sets"] = tuple(values.get("sets") or ())
+        return cls(**values)
+
+
+def validate_id(value: str) -> str:
+    """Check a harvester id (it becomes part of Dagster names)."""
+    if not isinstance(value, str) or not ID_PATTERN.match(value):
+        raise InvalidHarvester(
+            f"invalid harvester id {value!r}: use 1-48 characters a-z, 0-9 and _, "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def validate_url(value: str) -> str:
+    """Check an endpoint URL: http(s), a host, no fragment, no credentials."""
+    try:
+        parts = urlsplit(value)
+        _ = parts.port
+    except ValueError as exc:
+        raise InvalidHarvester(f"invalid base URL {value!r}: {exc}") from exc
+    if parts.scheme not in ("http", "https"):
+        raise InvalidHarvester(f"invalid base URL {value!r}: the scheme must be http or https")
+    if not parts.hostname:
+        raise InvalidHarvester(f"invalid base URL {value!r}: no host")
+    if parts.username is not None or parts.password is not None:
+        raise InvalidHarvester(
+            "invalid base URL: credentials must not be stored in the URL; "
+            "put them in an environment variable and name it with --auth-env"
+        )
+    if parts.fragment or value.endswith("#"):
+        raise InvalidHarvester(f"invalid base URL {value!r}: a fragment (#...) is not allowed")
+    if any(c.isspace() for c in value):
+        raise InvalidHarvester(f"invalid base URL {value!r}: contains whitespace")
+    return value
+
+
+def validate_cron(value: str | None) -> str | None:
+    """Check a cron expression as Dagster reads it (None = no schedule ticks)."""
+    if value is None:
+        return None
+    from dagster._utils.schedules import is_valid_cron_string
+
+    if not is_valid_cron_string(value):
+        raise InvalidHarvester(f"invalid cron expression {value!r}")
+    return value
+
+
+def validate_timezone(value: str) -> str:
+    """Check an IANA timezone name."""
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise InvalidHarvester(f"unknown timezone {value!r}") from exc
+    return value
+
+
+def validate(h: Harvester) -> None:
+    """Validate every field of `h`; raise `InvalidHarvester` naming the first bad one."""
+    validate_id(h.id)
+    validate_url(h.base_url)
+    if not PREFIX_PATTERN.match(h.metadata_prefix or ""):
+        raise InvalidHarvester(f"invalid metadata prefix {h.metadata_prefix!r}")
+    for spec in h.sets:
+        if not isinstance(spec, str) or not SET_SPEC_PATTERN.match(spec):
+            raise InvalidHarvester(f"invalid set spec {spec!r}")
+    if len(set(h.sets)) != len(h.sets):
+        raise InvalidHarvester("a set is listed twice")
+    if not TRANSFORMER_PATTERN.match(h.transformer):
+        raise InvalidHarvester(
+            f"invalid transformer {h.transformer!r}: a built-in name or 'package.module:function'"
+        )
+    validate_cron(h.cron)
+    validate_timezone(h.timezone)
+    if not 0 < h.timeout <= 3600:
+        raise InvalidHarvester(f"timeout must be in (0, 3600] seconds, not {h.timeout}")
+    if not 0 <= h.delay <= 600:
+        raise InvalidHarvester(f"delay must be in [0, 600] seconds, not {h.delay}")
+    if not 1 <= h.max_parallel <= 32:
+        raise InvalidHarvester(f"max_parallel must be in [1, 32], not {h.max_parallel}")
+    if not 0 <= h.max_retries <= 50:
+        raise InvalidHarvester(f"max_retries must be in [0, 50], not {h.max_retries}")
+    if h.auth_env is not None and not ENV_NAME_PATTERN.match(h.auth_env):
+        raise InvalidHarvester(f"invalid environment variable name {h.auth_env!r}")
+    if len(h.name) > 255:
+        raise InvalidHarvester("name is longer than 255 characters")
+
+
+def _row_values(h: Harvester) -> dict[str, Any]:
+    values = dataclasses.asdict(h)
+    values["sets"] = list(h.sets)
+    return values
+
+
+class Registry:
+    """CRUD over `oaipmh_harvester` on one engine."""
+
+    def __init__(self, engine: Engine | None = None) -> None:
+        self.engine = engine or db.get_engine()
+
+    def add(self, h: Harvester) -> Harvester:
+        """Insert `h`; `HarvesterExists` when the id is taken."""
+        now = _now()
+        h = dataclasses.replace(h, created=now, updated=now)
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(harvester_table.insert().values(**_row_values(h)))
+        except sa.exc.IntegrityError as exc:
+            raise HarvesterExists(f"harvester {h.id!r} already exists") from exc
+        return h
+
+    def get(self, harvester_id: str) -> Harvester:
+        """The harvester `harvester_id`; `HarvesterNotFound` otherwise."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                harvester_table.select().where(harvester_table.c.id == harvester_id)
+            ).mappings().first()
+        if row is None:
+            raise HarvesterNotFound(f"no harvester {harvester_id!r}")
+        return Harvester.from_dict(row)
+
+    def list(self) -> list[Harvester]:
+        """Every valid harvester, ordered by id (see `list_rows` for invalid ones)."""
+        return [h for h in self.list_rows() if isinstance(h, Harvester)]
+
+    def list_rows(self) -> list[Harvester | InvalidRow]:
+        """Every row, ordered by id; rows that fail validation come back as `InvalidRow`."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(harvester_table.select().order_by(harvester_table.c.id)).mappings()
+            out: list[Harvester | InvalidRow] = []
+            for row in rows:
+                try:
+                    out.append(Harvester.from_dict(row))
+                except (InvalidHarvester, TypeError, ValueError) as exc:
+                    out.append(InvalidRow(str(row.get("id")), str(exc)))
+        return out
+
+    def update(self, harvester_id: str, **changes: Any) -> Harvester:
+        """Apply `changes` (validated) to a harvester and return the new row."""
+        if "id" in changes or "created" in changes:
+            raise InvalidHarvester("the id and creation time of a harvester cannot change")
+        current = self.get(harvester_id)
+        new = dataclasses.replace(current, **changes, updated=_now())
+        values = _row_values(new)
+        values.pop("id")
+        values.pop("created")
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                harvester_table.update().where(harvester_table.c.id == harvester_id).values(**values)
+            )
+        if done.rowcount == 0:
+            raise HarvesterNotFound(f"no harvester {harvester_id!r}")
+        return new
+
+    def remove(self, harvester_id: str) -> None:
+        """Delete a harvester row (its harvested records are kept)."""
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                harvester_table.delete().where(harvester_table.c.id == harvester_id)
+            )
+        if done.rowcount == 0:
+            raise HarvesterNotFound(f"no harvester {harvester_id!r}")
+
+
+@dataclass(frozen=True)
+class InvalidRow:
+    """A row in the table that does not validate (edited by hand, say)."""
+
+    id: str
+    error: str
+
+
+def harvesters_from_dicts(items: Iterable[Mapping[str, Any]]) -> list[Harvester]:
+    """Rebuild harvesters from their `to_dict` forms (reconstruction metadata)."""
+    return [Harvester.from_dict(item) for item in items]
