@@ -20,6 +20,7 @@ from oaipmh_dagster.registry import (
     HarvesterNotFound,
     InvalidHarvester,
     Registry,
+    RegistryError,
     validate_cron,
     validate_id,
     validate_timezone,
@@ -233,33 +234,47 @@ def harvester_remove(harvester_id: str, yes: bool, delete_records: bool) -> None
     registry = _registry()
     try:
         h = registry.get(harvester_id)
+        label = f"{h.id} ({h.base_url})"
     except HarvesterNotFound as exc:
         raise Failure(str(exc)) from exc
-    if not yes and not click.confirm(f"remove harvester {h.id} ({h.base_url})?", err=True):
-        raise Failure("not removed")
-    _stop_schedule(h)
-    registry.remove(h.id)
+    except InvalidHarvester:
+        h, label = None, f"{harvester_id} (stored with invalid values)"  # removable anyway
+    if not yes and not _confirm(f"remove harvester {label}?"):
+        raise Failure(f"harvester {harvester_id} not removed (confirm, or pass --yes)")
+    _stop_schedule(f"harvest_oaipmh_records_{harvester_id}" if h is None else h.job_name)
+    registry.remove(harvester_id)
     if delete_records:
         from oaipmh_dagster.store import Store
 
-        n = Store(registry.engine).delete_harvester_records(h.id)
-        click.echo(f"deleted {n} records of {h.id}")
-    click.echo(f"removed harvester {h.id}")
+        n = Store(registry.engine).delete_harvester_records(harvester_id)
+        click.echo(f"deleted {n} records of {harvester_id}")
+    click.echo(f"removed harvester {harvester_id}")
     _reload()
 
 
-def _stop_schedule(h: Harvester) -> None:
+def _confirm(question: str) -> bool:
+    """Ask on a terminal; without one, read one answer line from stdin (none = no)."""
+    try:
+        if sys.stdin is not None and sys.stdin.isatty():
+            return click.confirm(question, err=True)
+        answer = sys.stdin.readline() if sys.stdin is not None else ""
+    except (click.exceptions.Abort, OSError, ValueError):
+        return False
+    return answer.strip().lower() in ("y", "yes")
+
+
+def _stop_schedule(job_name: str) -> None:
     """Stop the harvester's schedule in the Dagster instance, if it has one there."""
     try:
         from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType
 
         instance = _instance()
         for state in instance.all_instigator_state(instigator_type=InstigatorType.SCHEDULE):
-            if state.name == h.job_name and state.status == InstigatorStatus.RUNNING:
+            if state.name == job_name and state.status == InstigatorStatus.RUNNING:
                 instance.update_instigator_state(state.with_status(InstigatorStatus.STOPPED))
-                click.echo(f"stopped schedule {h.job_name}")
+                click.echo(f"stopped schedule {job_name}")
     except Exception as exc:  # noqa: BLE001 - removing the row must not depend on it
-        click.echo(f"note: could not stop schedule {h.job_name}: {exc}", err=True)
+        click.echo(f"note: could not stop schedule {job_name}: {exc}", err=True)
 
 
 @harvester.command("list")
@@ -442,7 +457,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except click.ClickException as exc:
         click.echo(f"oaipmh-dagster: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
-    except db.DatabaseError as exc:
+    except (db.DatabaseError, RegistryError) as exc:
         click.echo(f"oaipmh-dagster: error: {exc}", err=True)
         sys.exit(1)
     sys.exit(0)

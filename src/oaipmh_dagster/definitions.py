@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 
 import dagster as dg
 from dagster._core.definitions.definitions_load_context import (
@@ -74,6 +75,7 @@ def defs() -> dg.Definitions:
     else:
         harvesters = load_harvesters()
     rows = json.dumps([h.to_dict() for h in harvesters], sort_keys=True)
-    return build_definitions(harvesters, context.code_location_name).with_reconstruction_metadata(
-        {ROWS_KEY: rows}
-    )
+    built = build_definitions(harvesters, context.code_location_name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.PreviewWarning)  # a documented Dagster API
+        return built.with_reconstruction_metadata({ROWS_KEY: rows})

@@ -145,13 +145,16 @@ class Harvester:
                 values[key] = datetime.fromisoformat(value.replace("Z", "+00:00"))
             elif isinstance(value, datetime) and value.tzinfo is None:
                 values[key] = value.replace(tzinfo=UTC)
-        values["sets"] = tuple(values.get("sets") or ())
+        sets = values.get("sets") or ()
+        if isinstance(sets, str):
+            raise InvalidHarvester(f"sets must be a list of set specs, not {sets!r}")
+        values["sets"] = tuple(sets)
         return cls(**values)
 
 
 def validate_id(value: str) -> str:
     """Check a harvester id (it becomes part of Dagster names)."""
-    if not isinstance(value, str) or not ID_PATTERN.match(value):
+    if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
         raise InvalidHarvester(
             f"invalid harvester id {value!r}: use 1-48 characters a-z, 0-9 and _, "
             "starting with a letter or digit"
@@ -206,14 +209,14 @@ def validate(h: Harvester) -> None:
     """Validate every field of `h`; raise `InvalidHarvester` naming the first bad one."""
     validate_id(h.id)
     validate_url(h.base_url)
-    if not PREFIX_PATTERN.match(h.metadata_prefix or ""):
+    if not PREFIX_PATTERN.fullmatch(h.metadata_prefix or ""):
         raise InvalidHarvester(f"invalid metadata prefix {h.metadata_prefix!r}")
     for spec in h.sets:
-        if not isinstance(spec, str) or not SET_SPEC_PATTERN.match(spec):
+        if not isinstance(spec, str) or not SET_SPEC_PATTERN.fullmatch(spec):
             raise InvalidHarvester(f"invalid set spec {spec!r}")
     if len(set(h.sets)) != len(h.sets):
         raise InvalidHarvester("a set is listed twice")
-    if not TRANSFORMER_PATTERN.match(h.transformer):
+    if not TRANSFORMER_PATTERN.fullmatch(h.transformer):
         raise InvalidHarvester(
             f"invalid transformer {h.transformer!r}: a built-in name or 'package.module:function'"
         )
@@ -227,7 +230,7 @@ def validate(h: Harvester) -> None:
         raise InvalidHarvester(f"max_parallel must be in [1, 32], not {h.max_parallel}")
     if not 0 <= h.max_retries <= 50:
         raise InvalidHarvester(f"max_retries must be in [0, 50], not {h.max_retries}")
-    if h.auth_env is not None and not ENV_NAME_PATTERN.match(h.auth_env):
+    if h.auth_env is not None and not ENV_NAME_PATTERN.fullmatch(h.auth_env):
         raise InvalidHarvester(f"invalid environment variable name {h.auth_env!r}")
     if len(h.name) > 255:
         raise InvalidHarvester("name is longer than 255 characters")
@@ -258,13 +261,18 @@ class Registry:
 
     def get(self, harvester_id: str) -> Harvester:
         """The harvester `harvester_id`; `HarvesterNotFound` otherwise."""
-        with self.engine.connect() as conn:
-            row = conn.execute(
-                harvester_table.select().where(harvester_table.c.id == harvester_id)
-            ).mappings().first()
-        if row is None:
-            raise HarvesterNotFound(f"no harvester {harvester_id!r}")
-        return Harvester.from_dict(row)
+        try:
+            with self.engine.connect() as conn:
+                row = conn.execute(
+                    harvester_table.select().where(harvester_table.c.id == harvester_id)
+                ).mappings().first()
+            if row is None:
+                raise HarvesterNotFound(f"no harvester {harvester_id!r}")
+            return Harvester.from_dict(row)
+        except (TypeError, ValueError) as exc:
+            raise InvalidHarvester(
+                f"harvester {harvester_id!r} is stored with an invalid value: {exc}"
+            ) from exc
 
     def list(self) -> list[Harvester]:
         """Every valid harvester, ordered by id (see `list_rows` for invalid ones)."""
@@ -272,10 +280,27 @@ class Registry:
 
     def list_rows(self) -> list[Harvester | InvalidRow]:
         """Every row, ordered by id; rows that fail validation come back as `InvalidRow`."""
+        table = harvester_table
         with self.engine.connect() as conn:
-            rows = conn.execute(harvester_table.select().order_by(harvester_table.c.id)).mappings()
+            try:
+                rows = conn.execute(table.select().order_by(table.c.id)).mappings().all()
+            except (TypeError, ValueError):
+                # A hand-edited value the column type cannot even read (bad JSON, a bad
+                # date on SQLite): read the rows one by one so only that row is invalid.
+                ids = conn.execute(sa.select(table.c.id).order_by(table.c.id)).scalars().all()
+                rows = []
+                for harvester_id in ids:
+                    try:
+                        rows.append(conn.execute(
+                            table.select().where(table.c.id == harvester_id)
+                        ).mappings().one())
+                    except (TypeError, ValueError) as exc:
+                        rows.append(InvalidRow(str(harvester_id), f"unreadable row: {exc}"))
             out: list[Harvester | InvalidRow] = []
             for row in rows:
+                if isinstance(row, InvalidRow):
+                    out.append(row)
+                    continue
                 try:
                     out.append(Harvester.from_dict(row))
                 except (InvalidHarvester, TypeError, ValueError) as exc:

@@ -449,18 +449,14 @@ class Store:
     ) -> None:
         conn.execute(
             state_table.update()
-            .where(state_table.c.harvester_id == harvester_id)
+            .where(state_table.c.harvester_id == harvester_id, state_table.c.run_id == run_id)
             .values(checkpoint=checkpoint, heartbeat_at=_now())
         )
 
     def save_checkpoint(self, harvester_id: str, run_id: str, checkpoint: dict | None) -> None:
         """Record the position of the last committed page (None clears it)."""
         with self.engine.begin() as conn:
-            conn.execute(
-                state_table.update()
-                .where(state_table.c.harvester_id == harvester_id)
-                .values(checkpoint=checkpoint, heartbeat_at=_now())
-            )
+            self._write_checkpoint(conn, harvester_id, run_id, checkpoint)
 
     def release(self, harvester_id: str, run_id: str, *, succeeded: bool) -> None:
         """End the lease: a success clears the checkpoint, a failure keeps it."""
