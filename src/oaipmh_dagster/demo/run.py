@@ -1,0 +1,135 @@
+"""`oaipmh-dagster demo`: the demo endpoint, the demo harvesters, one harvest, the UI."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from oaipmh_dagster import db
+from oaipmh_dagster.demo.dataset import make_dataset
+from oaipmh_dagster.demo.server import OAIServer
+from oaipmh_dagster.registry import Harvester, HarvesterNotFound, Registry
+
+DEMO_HARVESTERS = (
+    {"id": "demo", "metadata_prefix": "oai_dc", "sets": (), "cron": "0 * * * *",
+     "name": "Demo repository (Dublin Core)"},
+    {"id": "demo_datacite", "metadata_prefix": "datacite", "sets": ("datasets",),
+     "cron": "30 2 * * *", "name": "Demo repository, datasets (DataCite)", "enabled": False},
+)
+INSTANCE_YAML = """# Written by `oaipmh-dagster demo`: SQLite storage under this directory.
+run_coordinator:
+  module: dagster.core.run_coordinator
+  class: QueuedRunCoordinator
+  config:
+    max_concurrent_runs: 8
+    tag_concurrency_limits:
+      - key: "oaipmh/harvester"
+        value: {applyLimitPerUniqueValue: true}
+        limit: 1
+      - key: "oaipmh/host"
+        value: {applyLimitPerUniqueValue: true}
+        limit: 2
+telemetry:
+  enabled: false
+"""
+
+
+def ensure_instance_yaml(home: Path) -> None:
+    """Give $DAGSTER_HOME the shipped dagster.yaml (the repository's, else the built-in)."""
+    target = home / "dagster.yaml"
+    if target.exists():
+        return
+    shipped = Path.cwd() / "dagster.yaml"
+    if shipped.is_file():
+        shutil.copyfile(shipped, target)
+    else:
+        target.write_text(INSTANCE_YAML)
+
+
+def register_demo_harvesters(base_url: str, registry: Registry) -> list[Harvester]:
+    """Add (or point at `base_url`) the demo harvesters; idempotent."""
+    out = []
+    for spec in DEMO_HARVESTERS:
+        fields = {k: v for k, v in spec.items() if k != "id"}
+        try:
+            current = registry.get(spec["id"])
+            if current.base_url != base_url:
+                current = registry.update(spec["id"], base_url=base_url)
+            out.append(current)
+        except HarvesterNotFound:
+            out.append(registry.add(Harvester(id=spec["id"], base_url=base_url, **fields)))
+    return out
+
+
+def _dagster_dev(port: int) -> subprocess.Popen:
+    cmd = [str(Path(sys.executable).with_name("dagster")), "dev", "-h", "127.0.0.1",
+           "-p", str(port)]
+    workspace = Path.cwd() / "workspace.yaml"
+    cmd += ["-w", str(workspace)] if workspace.is_file() else ["-m", "oaipmh_dagster.definitions"]
+    return subprocess.Popen(cmd, start_new_session=True)
+
+
+def stop_group(proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    """End a process and everything it started (its own process group)."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+    except ProcessLookupError:
+        pass
+
+
+def run_demo(*, ui_port: int, oai_port: int, n_records: int, ui: bool,
+             instance_factory: Callable[[], Any]) -> int:
+    """Set everything up, then serve until Ctrl-C; returns the exit code."""
+    from oaipmh_dagster.dagster_parts.runner import run_harvest_job
+
+    home = db.dagster_home()
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("DAGSTER_HOME", str(home))
+    ensure_instance_yaml(home)
+    server = OAIServer(make_dataset(n_records, seed=1), port=oai_port)
+    try:
+        server.start()
+    except OSError as exc:
+        click.echo(f"oaipmh-dagster: error: cannot listen on 127.0.0.1:{oai_port}: {exc}",
+                   err=True)
+        return 1
+    proc = None
+    try:
+        click.echo(f"demo OAI-PMH endpoint: {server.base_url} ({n_records} records)")
+        registry = Registry(db.get_engine())
+        for h in register_demo_harvesters(server.base_url, registry):
+            click.echo(f"harvester {h.id}: {h.metadata_prefix} {list(h.sets) or 'all sets'}")
+        instance = instance_factory()
+        for spec in DEMO_HARVESTERS:
+            ok, message = run_harvest_job(instance, spec["id"], {}, registry)
+            click.echo(message)
+            if not ok:
+                return 1
+        if not ui:
+            return 0
+        proc = _dagster_dev(ui_port)
+        click.echo(f"Dagster UI: http://127.0.0.1:{ui_port} (Ctrl-C stops everything)")
+        while proc.poll() is None:
+            time.sleep(0.5)
+        return proc.returncode or 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if proc is not None:
+            stop_group(proc)
+        server.stop()
