@@ -26,9 +26,11 @@ from oaipmh_dagster.oai import (
     format_datestamp,
     parse_user_datetime,
 )
+from oaipmh_dagster.parallel import Unit, harvest_windows
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.store import PageCounts, Store
 from oaipmh_dagster.transform import get_transformer, transform_record
+from oaipmh_dagster.windows import Window
 
 log = logging.getLogger(__name__)
 
@@ -221,16 +223,25 @@ def harvest(
         stats.response_date = format_datestamp(ident.response_date, gran)
         stats.since = format_datestamp(since_dt, gran) if since_dt else None
         stats.until = format_datestamp(until_dt, gran) if until_dt else None
+        checkpoint = checkpoint if resume else None
+        pages: Iterator[tuple[Page, dict | None]]
         if oai_ids:
             stats.mode = "oai_ids"
-            pages = ((None, p) for p in _get_records(client, h, list(oai_ids)))
+            pages = ((p, None) for p in _get_records(client, h, list(oai_ids)))
         else:
             stats.mode = "full" if since_dt is None else "incremental"
-            args = {"metadata_prefix": h.metadata_prefix, "sets": set_specs,
-                    "from": stats.since, "until": stats.until}
-            pages = _list_pages(client, h, args, checkpoint if resume else None, stats, logger)
-        for set_spec, page in pages:
-            cp = None if oai_ids else _checkpoint(page, set_spec, h.metadata_prefix, stats)
+            start = since_dt or ident.earliest_datestamp
+            if h.max_parallel > 1 and start is not None:
+                end = until_dt or ident.response_date
+                pages = _windowed(client, h, gran, start, end, set_specs, checkpoint, stats,
+                                  logger)
+            else:
+                if h.max_parallel > 1:
+                    logger.info("the server gives no earliestDatestamp: harvesting sequentially")
+                args = {"metadata_prefix": h.metadata_prefix, "sets": set_specs,
+                        "from": stats.since, "until": stats.until}
+                pages = _sequential(client, h, args, checkpoint, stats, logger)
+        for page, cp in pages:
             counts = store.upsert_page(h.id, page.records, run_id=run_id,
                                        transform=transform_fn, checkpoint=cp)
             stats.add_counts(counts)
@@ -292,6 +303,63 @@ def _resume_point(checkpoint: dict | None, args: dict[str, Any]) -> tuple[str | 
         and (checkpoint.get("set") in args["sets"] if args["sets"] else not checkpoint.get("set"))
     )
     return (checkpoint.get("set"), checkpoint["token"]) if same else None
+
+
+def _sequential(
+    client: OAIClient, h: Harvester, args: dict[str, Any], checkpoint: dict | None,
+    stats: HarvestStats, logger: Any,
+) -> Iterator[tuple[Page, dict | None]]:
+    """One list after another (one per set); each page with its checkpoint."""
+    for set_spec, page in _list_pages(client, h, args, checkpoint, stats, logger):
+        yield page, _checkpoint(page, set_spec, h.metadata_prefix, stats)
+
+
+def _windowed(
+    client: OAIClient, h: Harvester, gran: Granularity, start: datetime, end: datetime,
+    sets: list[str], checkpoint: dict | None, stats: HarvestStats, logger: Any,
+) -> Iterator[tuple[Page, dict | None]]:
+    """Date windows harvested concurrently (up to the harvester's `max_parallel`); each
+    page comes with a checkpoint of every window's state, so a failed run resumes only
+    the unfinished windows."""
+    ident = {"mode": "windowed", "prefix": h.metadata_prefix, "sets": sets,
+             "since": stats.since, "until": stats.until}
+    units: dict[str, Unit] = {}
+    if checkpoint and all(checkpoint.get(k) == v for k, v in ident.items()):
+        for key, item in checkpoint.get("windows", {}).items():
+            units[key] = Unit(Window.from_dict(item), key, item.get("token"),
+                              bool(item.get("done")), int(item.get("depth", 1)))
+        stats.mode = "resumed"
+        logger.info("resuming the interrupted windowed harvest: %d of %d windows done",
+                    sum(u.done for u in units.values()), len(units))
+    else:
+        for spec in sets or [None]:
+            w = Window(spec, start, end)
+            units[w.key(gran)] = Unit(w, w.key(gran))
+    logger.info("windowed harvest with up to %d parallel requests from %s to %s",
+                h.max_parallel, format_datestamp(start, gran), format_datestamp(end, gran))
+    seen: set[str] | None = set() if len(sets) > 1 else None
+
+    def snapshot() -> dict:
+        return {**ident, "windows": {
+            k: {**u.window.to_dict(gran), "token": u.token, "done": u.done, "depth": u.depth}
+            for k, u in units.items()}}
+
+    for event in harvest_windows(client, h.metadata_prefix, list(units.values()),
+                                 workers=h.max_parallel, granularity=gran, logger=logger):
+        u = event.unit
+        if event.split_into:
+            units.pop(u.key, None)
+            for new in event.split_into:
+                units[new.key] = new
+            logger.info("window %s split into %d windows", u.key, len(event.split_into))
+            continue
+        page = event.page
+        u.token = page.token
+        u.done = page.token is None
+        if seen is not None:
+            page.records = [r for r in page.records if r.header.identifier not in seen]
+            seen.update(r.header.identifier for r in page.records)
+        yield page, snapshot()
 
 
 def _list_pages(
