@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-dev
 DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export DAGSTER_HOME
 
-.PHONY: test demo bench lint install clean
+.PHONY: test demo bench lint install clean chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,12 @@ install: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src oaipmh_dagster_tests benchmarks
 
-test: $(STAMP)
+# Debian's Chromium for the browser tests (never a downloaded browser); without it,
+# and without root to install it, the browser tests skip with a reason.
+chromium:
+	@bash scripts/install-chromium.sh || echo "note: Chromium not installed: browser tests will skip"
+
+test: $(STAMP) chromium
 	$(BIN)/ruff check src oaipmh_dagster_tests benchmarks
 	$(BIN)/python -m pytest
 

@@ -168,6 +168,8 @@ def client_options(h: Harvester, **overrides: Any) -> ClientOptions:
         "max_parallel": h.max_parallel,
         "max_retries": h.max_retries,
         "user_agent": f"oaipmh-dagster/{__version__}",
+        # One request in flight at most: page n+1 is fetched while page n is stored.
+        "prefetch": h.max_parallel == 1,
     }
     values.update(credentials(h))
     values.update(overrides)
