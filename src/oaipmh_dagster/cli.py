@@ -444,6 +444,13 @@ def demo(port: int, oai_port: int, n_records: int, no_ui: bool) -> None:
     sys.exit(code)
 
 
+def _error(message: object, code: int) -> NoReturn:
+    """Print `message` as one line on stderr and exit with `code`."""
+    text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    click.echo(f"oaipmh-dagster: error: {text}", err=True)
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console entry point: one line on stderr per error, exit 2 (usage) or 1 (failure)."""
     try:
@@ -452,14 +459,11 @@ def main(argv: list[str] | None = None) -> NoReturn:
         click.echo("oaipmh-dagster: aborted", err=True)
         sys.exit(1)
     except click.UsageError as exc:
-        click.echo(f"oaipmh-dagster: error: {exc.format_message()}", err=True)
-        sys.exit(2)
+        _error(exc.format_message(), 2)
     except click.ClickException as exc:
-        click.echo(f"oaipmh-dagster: error: {exc.format_message()}", err=True)
-        sys.exit(exc.exit_code)
+        _error(exc.format_message(), exc.exit_code)
     except (db.DatabaseError, RegistryError) as exc:
-        click.echo(f"oaipmh-dagster: error: {exc}", err=True)
-        sys.exit(1)
+        _error(exc, 1)
     sys.exit(0)
 
 
