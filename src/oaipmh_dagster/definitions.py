@@ -75,6 +75,9 @@ def defs() -> dg.Definitions:
     else:
         harvesters = load_harvesters()
     rows = json.dumps([h.to_dict() for h in harvesters], sort_keys=True)
+    # Only the load context's pending metadata reaches the repository load data that run
+    # workers are rebuilt from (Dagster 1.13: `with_reconstruction_metadata` alone does not).
+    context.add_to_pending_reconstruction_metadata(ROWS_KEY, rows)
     built = build_definitions(harvesters, context.code_location_name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.PreviewWarning)  # a documented Dagster API
