@@ -27,7 +27,7 @@ from oaipmh_dagster.oai import (
     parse_user_datetime,
 )
 from oaipmh_dagster.parallel import Unit, harvest_windows
-from oaipmh_dagster.registry import Harvester
+from oaipmh_dagster.registry import SET_SPEC_PATTERN, Harvester
 from oaipmh_dagster.store import PageCounts, Store
 from oaipmh_dagster.transform import get_transformer, transform_record
 from oaipmh_dagster.windows import Window
@@ -212,6 +212,9 @@ def harvest(
     if since_dt and until_dt and since_dt > until_dt:
         raise HarvestError(f"since {since} is after until {until}")
     set_specs = list(h.sets if sets is None else sets)
+    for spec in set_specs:  # run config sets skip the row's validation: check them here
+        if not isinstance(spec, str) or not SET_SPEC_PATTERN.fullmatch(spec):
+            raise HarvestError(f"invalid set spec {spec!r}")
     stats.sets = set_specs
     transform_fn = make_transform(h.transformer) if transform else None
     own_client = client is None
