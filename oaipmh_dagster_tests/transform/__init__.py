@@ -1,0 +1,1 @@
+"""Tests of the metadata transformers (mirrors ``oaipmh_dagster.transform``)."""

@@ -1,0 +1,270 @@
+"""Metadata transformers: one record's metadata XML -> a flat, JSON-ready dict.
+
+A transformer is a callable ``(element) -> dict``. It is named either by a built-in
+name (``oai_dc``, ``datacite``, ``marc21``/``marcxml``, ``xml``; see
+:func:`available_transformers`) or by a dotted plugin path ``package.module:function``
+that is imported on first use. :func:`transform_record` parses the metadata bytes
+with a hardened parser, applies the transformer and turns every failure into a
+:class:`TransformError` that says what went wrong and where.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from lxml import etree
+
+from . import datacite, marc21, oai_dc, xml
+from ._util import TransformError, element_path
+
+__all__ = [
+    "Transformer",
+    "TransformError",
+    "available_transformers",
+    "default_transformer_for",
+    "element_path",
+    "get_transformer",
+    "parse_metadata",
+    "register_transformer",
+    "transform_element",
+    "transform_record",
+]
+
+Transformer = Callable[[etree._Element], dict[str, Any]]
+
+_BUILTINS: dict[str, Transformer] = {
+    "oai_dc": oai_dc.transform,
+    "datacite": datacite.transform,
+    "marc21": marc21.transform,
+    "marcxml": marc21.transform,
+    "xml": xml.transform,
+}
+_registry: dict[str, Transformer] = dict(_BUILTINS)
+_plugins: dict[str, Transformer] = {}
+_BUILTIN_FUNCS = frozenset(_BUILTINS.values())
+
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_DOTTED = re.compile(rf"^{_IDENT}(?:\.{_IDENT})*:{_IDENT}(?:\.{_IDENT})*$")
+
+_POSITION_SUFFIX = re.compile(r", line \d+, column \d+$")
+
+_PREFIX_DEFAULTS = {
+    "oai_dc": "oai_dc",
+    "datacite": "datacite",
+    "oai_datacite": "datacite",
+    "datacite3": "datacite",
+    "datacite4": "datacite",
+    "marc21": "marc21",
+    "marcxml": "marc21",
+}
+
+
+def available_transformers() -> list[str]:
+    """Names accepted by :func:`get_transformer` besides dotted plugin paths."""
+    return sorted(_registry)
+
+
+def default_transformer_for(metadata_prefix: str) -> str:
+    """The transformer to use for a metadata prefix when a harvester names none."""
+    return _PREFIX_DEFAULTS.get(metadata_prefix.strip().lower(), "xml")
+
+
+def register_transformer(name: str, fn: Transformer, *, replace: bool = False) -> None:
+    """Register ``fn`` under ``name`` in this process (plugins by path need no registration)."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_]*", name):
+        raise ValueError(f"transformer name {name!r} must match [a-z0-9][a-z0-9_]*")
+    if not callable(fn):
+        raise TypeError(f"transformer {name!r} is not callable")
+    if name in _registry and not replace:
+        raise ValueError(f"transformer {name!r} is already registered")
+    _registry[name] = fn
+
+
+def _unknown(name: str) -> TransformError:
+    return TransformError(
+        "unknown_transformer",
+        f"unknown transformer {name!r}: use one of {', '.join(available_transformers())} "
+        "or a plugin path 'package.module:function'",
+        name,
+    )
+
+
+def _load_plugin(path: str) -> Transformer:
+    module_name, _, attr_path = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TransformError(
+            "bad_plugin",
+            f"cannot import module {module_name!r} for transformer {path!r}: {exc}",
+            path,
+        ) from exc
+    except Exception as exc:  # a plugin module that fails while importing
+        raise TransformError(
+            "bad_plugin",
+            f"importing module {module_name!r} for transformer {path!r} failed: "
+            f"{type(exc).__name__}: {exc}",
+            path,
+        ) from exc
+    for part in attr_path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise TransformError(
+                "bad_plugin", f"module {module_name!r} has no attribute {attr_path!r}", path
+            ) from None
+    if not callable(obj):
+        raise TransformError("bad_plugin", f"transformer {path!r} is not callable", path)
+    return obj
+
+
+def get_transformer(name: str) -> Transformer:
+    """Resolve a built-in name or a ``package.module:function`` plugin path.
+
+    Raises :class:`TransformError` (a ``ValueError``) with type ``unknown_transformer``
+    or ``bad_plugin`` and a message that lists the built-ins.
+    """
+    if not isinstance(name, str):
+        raise TransformError(
+            "unknown_transformer", f"transformer name must be a string, got {name!r}"
+        )
+    key = name.strip()
+    fn = _registry.get(key)
+    if fn is not None:
+        return fn
+    fn = _plugins.get(key)
+    if fn is not None:
+        return fn
+    if ":" not in key:
+        raise _unknown(name)
+    if not _DOTTED.match(key):
+        raise TransformError(
+            "bad_plugin",
+            f"malformed plugin path {name!r}: expected 'package.module:function'",
+            name,
+        )
+    fn = _plugins[key] = _load_plugin(key)
+    return fn
+
+
+class _ParserLocal(threading.local):
+    def __init__(self) -> None:
+        # lxml parsers must not be shared between threads: one per thread.
+        self.parser = etree.XMLParser(
+            resolve_entities=False,
+            no_network=True,
+            load_dtd=False,
+            dtd_validation=False,
+            huge_tree=False,
+            collect_ids=False,
+        )
+
+
+_local = _ParserLocal()
+
+
+def parse_metadata(metadata_xml: bytes | str) -> etree._Element:
+    """Parse metadata XML with the hardened parser; :class:`TransformError` when broken.
+
+    A ``str`` is encoded as UTF-8 first (pass bytes when the XML declares another
+    encoding).
+    """
+    data = metadata_xml.encode("utf-8") if isinstance(metadata_xml, str) else metadata_xml
+    try:
+        root = etree.fromstring(data, _local.parser)
+    except etree.XMLSyntaxError as exc:
+        line, column = exc.position if exc.position else (0, 0)
+        message = _POSITION_SUFFIX.sub("", exc.msg or str(exc)) or "not well-formed XML"
+        raise TransformError("xml_syntax", message, f"line {line}, column {column}") from None
+    except (TypeError, ValueError) as exc:
+        raise TransformError("xml_syntax", str(exc), None) from None
+    if root is None:
+        raise TransformError("xml_syntax", "no root element", None)
+    return root
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{module}:{qualname}" if module else qualname
+
+
+def _check_json(value: Any, path: str) -> str | None:
+    """Where ``value`` is not JSON-ready (``None`` when it is)."""
+    if value is None or isinstance(value, str | bool | int):
+        return None
+    if isinstance(value, float):
+        return None if value == value and value not in (float("inf"), float("-inf")) else path
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return f"{path}[{k!r}] (key)"
+            bad = _check_json(v, f"{path}.{k}")
+            if bad:
+                return bad
+        return None
+    if isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            bad = _check_json(v, f"{path}[{i}]")
+            if bad:
+                return bad
+        return None
+    return path
+
+
+def _resolve(name_or_fn: str | Transformer) -> tuple[Transformer, str]:
+    if isinstance(name_or_fn, str):
+        return get_transformer(name_or_fn), name_or_fn.strip()
+    if callable(name_or_fn):
+        return name_or_fn, _name_of(name_or_fn)
+    raise TransformError("unknown_transformer", f"not a transformer: {name_or_fn!r}")
+
+
+def transform_element(name_or_fn: str | Transformer, element: etree._Element) -> dict[str, Any]:
+    """Apply a transformer to an already parsed metadata element.
+
+    Built-in transformers are trusted to return JSON-ready dicts; the output of any
+    other transformer is checked, so a plugin cannot store something unserializable.
+    """
+    fn, name = _resolve(name_or_fn)
+    return _apply(fn, name, element)
+
+
+def _apply(fn: Transformer, name: str, element: etree._Element) -> dict[str, Any]:
+    try:
+        result = fn(element)
+    except TransformError as exc:
+        if exc.location is None:
+            exc.location = name
+        raise
+    except RecursionError:
+        raise TransformError(
+            "transform_failed", "RecursionError: too deeply nested", name
+        ) from None
+    except Exception as exc:
+        raise TransformError("transform_failed", f"{type(exc).__name__}: {exc}", name) from exc
+    if fn not in _BUILTIN_FUNCS:
+        if not isinstance(result, dict):
+            raise TransformError(
+                "bad_output", f"transformer returned {type(result).__name__}, not a dict", name
+            )
+        bad = _check_json(result, "$")
+        if bad:
+            raise TransformError(
+                "bad_output", f"transformer output is not JSON-ready at {bad}", name
+            )
+    return result
+
+
+def transform_record(name_or_fn: str | Transformer, metadata_xml: bytes | str) -> dict[str, Any]:
+    """Parse one record's metadata XML (the child of ``<metadata>``) and transform it.
+
+    Raises :class:`TransformError` on unknown transformers, broken XML and failing or
+    misbehaving transformers; ``.to_dict()`` gives the form stored with the record.
+    """
+    fn, name = _resolve(name_or_fn)  # an unknown name fails before any parsing
+    return _apply(fn, name, parse_metadata(metadata_xml))
