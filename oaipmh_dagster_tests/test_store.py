@@ -58,13 +58,12 @@ def rec(identifier: str, datestamp: str = "2024-01-02T03:04:05Z", *, sets: tuple
     return FakeRecord(FakeHeader(identifier, datestamp, tuple(sets), deleted), metadata)
 
 
-def title_of(raw: bytes) -> dict[str, Any]:
+def title_of(raw: str, element: Any = None) -> dict[str, Any]:
     """A tiny transform: the text between the title tags."""
-    text = raw.decode()
-    return {"title": text.split("<dc:title>")[1].split("</dc:title>")[0]}
+    return {"title": raw.split("<dc:title>")[1].split("</dc:title>")[0]}
 
 
-def broken(raw: bytes) -> dict[str, Any]:
+def broken(raw: str, element: Any = None) -> dict[str, Any]:
     raise KeyError("no title here")
 
 
@@ -168,7 +167,7 @@ def test_same_identifier_under_two_harvesters(store: Store) -> None:
 
 def test_transform_failure_is_stored(store: Store) -> None:
     c = store.upsert_page("h", [rec("good"), rec("bad")], run_id="r1",
-                          transform=lambda raw: broken(raw) if b">bad<" in raw else title_of(raw))
+                          transform=lambda raw, el: broken(raw) if ">bad<" in raw else title_of(raw))
     assert counts(c) == (2, 0, 0, 0, 1)
     assert c.failed_ids == ["bad"]
     bad = rows(store)["bad"]

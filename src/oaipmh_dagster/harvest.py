@@ -29,7 +29,7 @@ from oaipmh_dagster.oai import (
 from oaipmh_dagster.parallel import Unit, harvest_windows
 from oaipmh_dagster.registry import SET_SPEC_PATTERN, Harvester
 from oaipmh_dagster.store import PageCounts, Store
-from oaipmh_dagster.transform import get_transformer, transform_record
+from oaipmh_dagster.transform import get_transformer, transform_element, transform_record
 from oaipmh_dagster.windows import Window
 
 log = logging.getLogger(__name__)
@@ -176,10 +176,17 @@ def client_options(h: Harvester, **overrides: Any) -> ClientOptions:
     return ClientOptions(**values)
 
 
-def make_transform(name: str) -> Callable[[bytes], dict[str, Any]]:
-    """A bytes -> dict function for the store, from a transformer name or dotted path."""
+def make_transform(name: str) -> Callable[[str, Any], dict[str, Any]]:
+    """The store's transform function for a transformer name or dotted path: it uses the
+    element the page parse already built, and parses the raw XML only without one."""
     fn = get_transformer(name)
-    return lambda raw: transform_record(fn, raw)
+
+    def apply(raw: str, element: Any = None) -> dict[str, Any]:
+        if element is not None:
+            return transform_element(fn, element)
+        return transform_record(fn, raw.encode("utf-8"))
+
+    return apply
 
 
 def harvest(

@@ -5,6 +5,7 @@ checkpoint of the last committed page)."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -50,7 +51,8 @@ state_table = sa.Table(
 # A lease whose holder has not written for this long is taken over.
 STALE_AFTER = timedelta(minutes=15)
 
-Transform = Callable[[bytes], dict[str, Any]]
+# (raw XML, the already parsed element or None) -> transformed dict
+Transform = Callable[[str, Any], dict[str, Any]]
 
 
 class HarvestHeader(Protocol):
@@ -100,6 +102,17 @@ def utc_datestamp(dt: datetime) -> str:
     return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+_CANONICAL = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
+
+
+def _store_datestamp(header: Any) -> str:
+    """The header's datestamp in the store's form (as sent when it already is)."""
+    if _CANONICAL.fullmatch(header.datestamp):
+        return header.datestamp
+    when = header.datestamp_utc
+    return utc_datestamp(when) if when is not None else header.datestamp
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -114,11 +127,13 @@ def _aware(value: datetime | None) -> datetime | None:
     return value
 
 
-def _apply_transform(transform: Transform | None, raw: str | None) -> tuple[Any, list[dict]]:
+def _apply_transform(
+    transform: Transform | None, raw: str | None, element: Any = None
+) -> tuple[Any, list[dict]]:
     if transform is None or raw is None:
         return None, []
     try:
-        return transform(raw.encode("utf-8")), []
+        return transform(raw, element), []
     except Exception as exc:  # noqa: BLE001 - a bad record must not stop the run
         to_dict = getattr(exc, "to_dict", None)
         error = to_dict() if callable(to_dict) else {
@@ -173,8 +188,7 @@ class Store:
             values = []
             for identifier, rec in latest.items():
                 header = rec.header
-                when = header.datestamp_utc
-                datestamp = utc_datestamp(when) if when is not None else header.datestamp
+                datestamp = _store_datestamp(header)
                 old = existing.get(identifier)
                 if (
                     old is not None
@@ -193,7 +207,8 @@ class Store:
                     else:
                         counts.updated += 1
                     raw = rec.metadata.decode("utf-8") if rec.metadata is not None else None
-                    meta, errors = _apply_transform(transform, raw)
+                    meta, errors = _apply_transform(transform, raw,
+                                                    getattr(rec, "element", None))
                     if errors:
                         counts.failed += 1
                         if len(counts.failed_ids) < 20:

@@ -47,6 +47,9 @@ class Record:
     header: Header
     metadata: bytes | None = None
     about: tuple[bytes, ...] = ()
+    element: Any = field(default=None, repr=False, compare=False)
+    """The parsed metadata element (part of its page's tree), so a consumer can use it
+    without parsing ``metadata`` again; None when not parsed from a page."""
 
     @property
     def identifier(self) -> str:

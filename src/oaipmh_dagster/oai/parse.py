@@ -224,11 +224,16 @@ def _text(el: etree._Element | None) -> str:
     return el.text.strip()
 
 
-def _serialize_child(el: etree._Element) -> bytes | None:
+def _first_element(el: etree._Element) -> etree._Element | None:
     for child in el:
         if isinstance(child.tag, str):
-            return etree.tostring(child, encoding="UTF-8", with_tail=False)
+            return child
     return None
+
+
+def _serialize_child(el: etree._Element) -> bytes | None:
+    child = _first_element(el)
+    return None if child is None else etree.tostring(child, encoding="UTF-8", with_tail=False)
 
 
 def _int(value: str | None) -> int | None:
@@ -277,6 +282,7 @@ def _header(el: etree._Element, ns: str) -> Header | None:
 def _record(el: etree._Element, ns: str) -> Record | None:
     header: Header | None = None
     metadata: bytes | None = None
+    element: etree._Element | None = None
     about: list[bytes] = []
     h_tag, m_tag, a_tag = ns + "header", ns + "metadata", ns + "about"
     for child in el:
@@ -286,14 +292,16 @@ def _record(el: etree._Element, ns: str) -> Record | None:
             if header is None:
                 return None
         elif tag == m_tag:
-            metadata = _serialize_child(child)
+            element = _first_element(child)
+            if element is not None:
+                metadata = etree.tostring(element, encoding="UTF-8", with_tail=False)
         elif tag == a_tag:
             data = _serialize_child(child)
             if data is not None:
                 about.append(data)
     if header is None:
         return None
-    return Record(header, metadata, tuple(about))
+    return Record(header, metadata, tuple(about), element)
 
 
 def parse_record_list(
