@@ -153,3 +153,15 @@ def test_dagster_definitions_validate_cli(count: int, tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Validation successful" in proc.stdout + proc.stderr
+
+
+def test_initial_load_hands_rows_to_run_workers(sqlite_url: str) -> None:
+    """The rows must reach the load context's pending reconstruction metadata: that, not
+    the Definitions' own metadata, is what run workers are rebuilt from."""
+    add_harvester("kept", "http://127.0.0.1:9/oai")
+    ctx = DefinitionsLoadContext(DefinitionsLoadType.INITIALIZATION)
+    with DefinitionsLoadContext.scoped(ctx):
+        _load()
+    rows = json.loads(ctx.get_pending_reconstruction_metadata()[ROWS_KEY])
+    assert [r["id"] for r in rows] == ["kept"]
+    assert Harvester.from_dict(rows[0]) == Registry().get("kept")

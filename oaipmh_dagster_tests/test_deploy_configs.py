@@ -1,0 +1,195 @@
+"""The instance configurations under deploy/ (and the shipped dagster.yaml) load: each
+validates against Dagster's instance schema, its classes import where their packages are
+installed, and the Postgres one runs a job on a fresh PostgreSQL database."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+import yaml
+from dagster._config import validate_config
+from dagster._core.instance.config import dagster_instance_config
+from dagster._serdes.config_class import class_from_code_pointer
+from dagster._utils import convert_dagster_submodule_name
+
+from oaipmh_dagster_tests.conftest import PG_URL, REPO_ROOT, require_postgres
+
+DEPLOY = REPO_ROOT / "deploy"
+PG_ENV = ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_DB", "DAGSTER_PG_USER",
+          "DAGSTER_PG_PASSWORD")
+LIMIT_KEYS = {"oaipmh/harvester": 1, "oaipmh/host": 2}
+
+# config file -> (launcher module, launcher class, the package that provides it)
+CONFIGS: dict[str, tuple[str, str, str]] = {
+    "postgres": ("dagster.core.launcher", "DefaultRunLauncher", "dagster"),
+    "k8s": ("dagster_k8s.launcher", "K8sRunLauncher", "dagster-k8s"),
+    "docker": ("dagster_docker", "DockerRunLauncher", "dagster-docker"),
+    "celery": ("dagster_celery_k8s.launcher", "CeleryK8sRunLauncher", "dagster-celery-k8s"),
+}
+
+
+def _load(name: str) -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY / name / "dagster.yaml").read_text())
+
+
+def _validate_instance_yaml(path: Path, tmp_path: Path) -> dict[str, Any]:
+    """Dagster's own loading of a dagster.yaml: schema validation of every section."""
+    home = tmp_path / f"home_{path.parent.name}"
+    home.mkdir()
+    shutil.copy(path, home / "dagster.yaml")
+    config, custom_class = dagster_instance_config(str(home))
+    assert custom_class is None
+    return dict(config)
+
+
+def _class(module: str, name: str) -> type:
+    return class_from_code_pointer(convert_dagster_submodule_name(module, "private"), name)
+
+
+def _module_available(module: str) -> bool:
+    top = module.split(".")[0]
+    return importlib.util.find_spec(top) is not None
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_deploy_config_validates(name: str, tmp_path: Path) -> None:
+    raw = _load(name)
+    config = _validate_instance_yaml(DEPLOY / name / "dagster.yaml", tmp_path)
+    # Postgres storage with the psycopg2 scheme, credentials from the environment.
+    pg = config["storage"]["postgres"]["postgres_db"]
+    assert pg["scheme"] == "postgresql+psycopg2"
+    for key in ("hostname", "port", "db_name", "username", "password"):
+        assert isinstance(raw["storage"]["postgres"]["postgres_db"][key], dict), key
+        assert set(raw["storage"]["postgres"]["postgres_db"][key]) == {"env"}
+    from dagster_postgres import DagsterPostgresStorage
+
+    checked = validate_config(DagsterPostgresStorage.config_type(),
+                              raw["storage"]["postgres"])
+    assert checked.success, checked.errors
+    # The queued run coordinator with the per-harvester and per-host limits.
+    coordinator = config["run_coordinator"]
+    assert coordinator["class"] == "QueuedRunCoordinator"
+    from dagster._core.run_coordinator import QueuedRunCoordinator
+
+    assert _class(coordinator["module"], coordinator["class"]) is QueuedRunCoordinator
+    limits = {lim["key"]: lim for lim in coordinator["config"]["tag_concurrency_limits"]}
+    assert {k: v["limit"] for k, v in limits.items()} == LIMIT_KEYS
+    assert all(v["value"] == {"applyLimitPerUniqueValue": True} for v in limits.values())
+    checked = validate_config(QueuedRunCoordinator.config_type(), coordinator["config"])
+    assert checked.success, checked.errors
+    assert config["schedules"]["use_threads"] and config["sensors"]["use_threads"]
+    # The run launcher names the module and class its package documents.
+    module, cls, _ = CONFIGS[name]
+    launcher = config["run_launcher"]
+    assert (launcher["module"], launcher["class"]) == (module, cls)
+    assert isinstance(launcher.get("config", {}), dict)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_run_launcher_config_matches_its_class(name: str) -> None:
+    module, cls, package = CONFIGS[name]
+    if not _module_available(module):
+        pytest.skip(f"{package} is not installed (an optional deployment dependency): "
+                    f"{cls}'s own config schema is not checked, only the instance schema")
+    launcher = _load(name)["run_launcher"]
+    klass = _class(module, cls)
+    checked = validate_config(klass.config_type(), launcher.get("config") or {})
+    assert checked.success, checked.errors
+
+
+def test_shipped_dagster_yaml_validates(tmp_path: Path) -> None:
+    config = _validate_instance_yaml(REPO_ROOT / "dagster.yaml", tmp_path)
+    limits = config["run_coordinator"]["config"]["tag_concurrency_limits"]
+    assert {lim["key"]: lim["limit"] for lim in limits} == LIMIT_KEYS
+
+
+def test_readme_covers_every_config() -> None:
+    text = (DEPLOY / "README.md").read_text()
+    for name, (_, cls, package) in CONFIGS.items():
+        assert f"deploy/{name}/dagster.yaml" in text
+        assert cls in text and package in text
+    for command in ("dagster-webserver", "dagster-daemon", "dagster code-server start",
+                    "dagster dev"):
+        assert command in text
+
+
+# -- the Postgres configuration, for real ------------------------------------------------
+
+
+@pytest.fixture
+def fresh_pg(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A new PostgreSQL database, exposed through the DAGSTER_PG_* variables."""
+    require_postgres()
+    name = f"oaipmh_deploy_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = sa.engine.make_url(PG_URL)
+    values = {"DAGSTER_PG_HOST": url.host or "127.0.0.1", "DAGSTER_PG_PORT": str(url.port or 5432),
+              "DAGSTER_PG_DB": name, "DAGSTER_PG_USER": url.username or "postgres",
+              "DAGSTER_PG_PASSWORD": url.password or ""}
+    for key in PG_ENV:
+        monkeypatch.setenv(key, values[key])
+    try:
+        yield name
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"
+            ), {"n": name})
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
+
+
+@dg.op
+def _ping() -> int:
+    return 1
+
+
+@dg.job(tags={"oaipmh/harvester": "deploy_check", "oaipmh/host": "127.0.0.1"})
+def deploy_check_job() -> None:
+    _ping()
+
+
+@pytest.mark.postgres
+def test_postgres_config_runs_a_job(fresh_pg: str, tmp_path: Path) -> None:
+    from dagster._core.run_coordinator import QueuedRunCoordinator
+    from dagster_postgres import (
+        PostgresEventLogStorage,
+        PostgresRunStorage,
+        PostgresScheduleStorage,
+    )
+
+    home = tmp_path / "pg_home"
+    home.mkdir()
+    shutil.copy(DEPLOY / "postgres" / "dagster.yaml", home / "dagster.yaml")
+    instance = dg.DagsterInstance.from_config(str(home))
+    try:
+        assert isinstance(instance.run_storage, PostgresRunStorage)
+        assert isinstance(instance.event_log_storage, PostgresEventLogStorage)
+        assert isinstance(instance.schedule_storage, PostgresScheduleStorage)
+        assert isinstance(instance.run_coordinator, QueuedRunCoordinator)
+        assert type(instance.run_launcher).__name__ == "DefaultRunLauncher"
+        result = deploy_check_job.execute_in_process(instance=instance)
+        assert result.success and result.output_for_node("_ping") == 1
+        stored = instance.get_run_by_id(result.run_id)
+        assert stored is not None and stored.status == dg.DagsterRunStatus.SUCCESS
+        assert stored.tags["oaipmh/harvester"] == "deploy_check"
+        # Dagster's tables were created in the fresh database named by the environment.
+        engine = sa.create_engine(sa.engine.make_url(PG_URL).set(database=fresh_pg))
+        try:
+            with engine.connect() as conn:
+                runs = conn.execute(sa.text("SELECT count(*) FROM runs")).scalar_one()
+        finally:
+            engine.dispose()
+        assert runs == 1
+    finally:
+        instance.dispose()
