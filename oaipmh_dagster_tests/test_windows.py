@@ -56,6 +56,7 @@ def test_windowed_equals_sequential(database_url: str, granularity: str) -> None
                       options=ClientOptions(max_parallel=4, **FAST))
         assert store.snapshot("par") == store.snapshot("seq") == expected_snapshot(ds)
         assert par.records == seq.records == 4000
+        assert seq.complete_list_size == 4000 and par.complete_list_size is None
         assert srv.max_concurrency <= 4
         assert srv.max_concurrency >= 2
         froms = {r.params["from"][0] for r in srv.requests if "from" in r.params}

@@ -237,6 +237,7 @@ def harvest(
         stats.until = format_datestamp(until_dt, gran) if until_dt else None
         checkpoint = checkpoint if resume else None
         pages: Iterator[tuple[Page, dict | None]]
+        windowed = False
         if oai_ids:
             stats.mode = "oai_ids"
             pages = ((p, None) for p in _get_records(client, h, list(oai_ids)))
@@ -245,6 +246,7 @@ def harvest(
             start = since_dt or ident.earliest_datestamp
             if h.max_parallel > 1 and start is not None:
                 end = until_dt or ident.response_date
+                windowed = True
                 pages = _windowed(client, h, gran, start, end, set_specs, checkpoint, stats,
                                   logger)
             else:
@@ -259,8 +261,8 @@ def harvest(
             stats.add_counts(counts)
             stats.pages += 1
             rt = page.resumption_token
-            if rt is not None and rt.complete_list_size is not None:
-                stats.complete_list_size = rt.complete_list_size
+            if rt is not None and rt.complete_list_size is not None and not windowed:
+                stats.complete_list_size = rt.complete_list_size  # a window's is partial
             elapsed = time.perf_counter() - started
             event = Progress(
                 pages=stats.pages, records=stats.records,
