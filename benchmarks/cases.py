@@ -1,0 +1,499 @@
+"""The benchmark cases. Each runs its measurements in fresh child processes
+(`benchmarks.child`) against servers in processes of their own (`benchmarks.pages`),
+and adds rows to the table."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.pages import ServerProcess, dataset_for
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+PG_ADMIN_URL = os.environ.get("OAIPMH_BENCH_POSTGRES_URL",
+                              "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
+LOCATION = "oaipmh_dagster"
+
+
+@dataclass
+class Sizes:
+    """Problem sizes of a run (`--quick` shrinks them)."""
+
+    fetch_records: int = 20_000
+    fetch_repeats: int = 3
+    e2e_records: int = 20_000
+    latency_records: int = 50_000
+    latency: float = 0.1
+    page_size: int = 100
+    windowed_parallel: int = 4
+    memory_records: tuple[int, int] = (20_000, 200_000)
+    definitions: tuple[int, ...] = (100, 300, 1000)
+    reloads: tuple[int, ...] = (300, 1000)
+    reload_repeats: int = 2  # at 1,000 harvesters: once (a reload takes a minute there)
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(fetch_records=2_000, fetch_repeats=1, e2e_records=2_000,
+                   latency_records=2_000, memory_records=(2_000, 20_000),
+                   definitions=(20, 50), reloads=(50,), reload_repeats=1)
+
+
+@dataclass
+class Row:
+    case: str
+    measurement: str
+    result: str
+    compare: str = ""
+    target: str = ""
+    ok: str = ""
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+class ChildFailed(RuntimeError):
+    pass
+
+
+class Bench:
+    """Shared state of one run: sizes, rows, raw results, servers, logs."""
+
+    def __init__(self, sizes: Sizes, results: Path = RESULTS,
+                 echo: Callable[[str], None] = print) -> None:
+        self.sizes = sizes
+        self.results = results
+        self.logs = results / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.rows: list[Row] = []
+        self.raw: dict[str, Any] = {}
+        self.echo = echo
+        self._servers: dict[tuple[int, float], ServerProcess] = {}
+        self._seq = 0
+        self.tmp = Path(tempfile.mkdtemp(prefix="oaipmh-bench-"))
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def add(self, row: Row) -> None:
+        self.rows.append(row)
+        self.echo(f"  {row.case:>3} {row.measurement}: {row.result}"
+                  + (f" | {row.compare}" if row.compare else "")
+                  + (f" | target {row.target} {row.ok}" if row.target else ""))
+
+    def child(self, kind: str, args: dict[str, Any], timeout: float = 900,
+              env: dict[str, str] | None = None) -> dict[str, Any]:
+        """Run one measurement in a fresh interpreter; its stderr goes to results/logs/."""
+        self._seq += 1
+        log = self.logs / f"{self._seq:03d}-{kind}.log"
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.child", kind, json.dumps(args)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **(env or {})})
+        log.write_text(f"$ {kind} {json.dumps(args)}\n{proc.stderr}", encoding="utf-8")
+        lines = [line for line in proc.stdout.splitlines() if line.strip()]
+        if proc.returncode != 0 or not lines:
+            tail = "\n".join(proc.stderr.strip().splitlines()[-6:])
+            raise ChildFailed(f"{kind} failed (exit {proc.returncode}, log {log}):\n{tail}")
+        return json.loads(lines[-1])
+
+    def server(self, records: int, latency: float = 0.0) -> ServerProcess:
+        key = (records, latency)
+        srv = self._servers.get(key)
+        if srv is None:
+            t0 = time.perf_counter()
+            srv = ServerProcess(records, page_size=self.sizes.page_size, latency=latency)
+            srv.__enter__()
+            self._servers[key] = srv
+            self.echo(f"  server: {srv.records} records pre-rendered in {srv.render_seconds:.1f} s "
+                      f"(ready in {time.perf_counter() - t0:.1f} s), latency {latency} s, "
+                      f"{srv.url}")
+        return srv
+
+    def sqlite_url(self, name: str) -> str:
+        path = self.tmp / f"{name}-{uuid.uuid4().hex[:6]}.sqlite"
+        return f"sqlite:///{path}"
+
+    def close(self) -> None:
+        for srv in self._servers.values():
+            srv.close()
+        self._servers.clear()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _fmt_rate(rate: float) -> str:
+    return f"{rate:,.0f} rec/s"
+
+
+def _fmt_bytes(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def _expected_digest(records: int) -> tuple[int, str]:
+    """What a complete harvest of the benchmark data set must leave in the store."""
+    from oaipmh_dagster.store import utc_datestamp
+
+    items = sorted((r.identifier, [utc_datestamp(r.datestamp), r.deleted, list(r.sets)])
+                   for r in dataset_for(records))
+    return len(items), hashlib.sha256(json.dumps(items).encode()).hexdigest()
+
+
+# -- case 1: fetch + parse ------------------------------------------------------------------
+
+ENGINES = (("ours", "ours (OAIClient.list_records)"),
+           ("ours_prefetch", "ours, prefetch=True"),
+           ("sickle", "Sickle 0.7 ListRecords"),
+           ("scythe", "oaipmh-scythe 0.16 list_records"))
+
+
+def case_fetch(b: Bench) -> None:
+    n = b.sizes.fetch_records
+    srv = b.server(n)
+    runs: dict[str, list[dict[str, Any]]] = {e: [] for e, _ in ENGINES}
+    for _ in range(b.sizes.fetch_repeats):  # interleaved, so load changes hit every engine
+        for engine, _ in ENGINES:
+            r = b.child("fetch", {"engine": engine, "url": srv.url})
+            if r["records"] != srv.records:
+                raise ChildFailed(f"{engine} saw {r['records']} of {srv.records} records")
+            runs[engine].append(r)
+    b.raw["fetch"] = {"records": n, "page_size": b.sizes.page_size, "runs": runs}
+    best = {e: max(runs[e], key=lambda r: r["rate"]) for e in runs}
+    best_cpu = {e: max(r["cpu_rate"] for r in runs[e]) for e in runs}
+    sickle, sickle_cpu = best["sickle"]["rate"], best_cpu["sickle"]
+    for engine, label in ENGINES:
+        rate = best[engine]["rate"]
+        row = Row("1", f"fetch+parse {n:,} rec, {label}",
+                  f"{_fmt_rate(rate)} ({_fmt_rate(best_cpu[engine])} per CPU s)",
+                  values={"rate": rate, "cpu_rate": best_cpu[engine],
+                          "seconds": best[engine]["seconds"]})
+        if engine != "sickle":
+            ratio, cpu_ratio = rate / sickle, best_cpu[engine] / sickle_cpu
+            row.compare = f"{ratio:.2f}x Sickle ({cpu_ratio:.2f}x per CPU s)"
+            row.values.update(ratio_sickle=ratio, cpu_ratio_sickle=cpu_ratio)
+            if engine == "ours":
+                row.target, row.ok = ">= 2x Sickle", "ok" if ratio >= 2 else "MISS"
+        b.add(row)
+
+
+# -- case 2: end to end ----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def postgres_database() -> Iterator[str]:
+    """A fresh PostgreSQL database (dropped afterwards)."""
+    import sqlalchemy as sa
+
+    name = f"oaipmh_bench_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT",
+                             connect_args={"connect_timeout": 5})
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        yield sa.engine.make_url(PG_ADMIN_URL).set(database=name).render_as_string(
+            hide_password=False)
+    finally:
+        with contextlib.suppress(Exception), admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def case_e2e(b: Bench) -> None:
+    n = b.sizes.e2e_records
+    srv = b.server(n)
+    expected = _expected_digest(n)
+    results: dict[str, Any] = {}
+
+    def check(r: dict[str, Any]) -> str:
+        same = (r["stored"], r["digest"]) == expected
+        return "store matches the data set" if same else (
+            f"STORE DIFFERS ({r['stored']} stored, {expected[0]} expected)")
+
+    r = b.child("harvest", {"url": srv.url, "db": b.sqlite_url("e2e")})
+    results["sqlite"] = r
+    b.add(Row("2", f"harvest() {n:,} rec oai_dc -> SQLite", _fmt_rate(r["rate"]),
+              f"{r['seconds']:.2f} s, {_fmt_rate(r['records'] / r['cpu'])} per CPU s; "
+              + check(r), ">= 5,000 rec/s", "ok" if r["rate"] >= 5000 else "MISS",
+              values=r))
+    try:
+        with postgres_database() as url:
+            r = b.child("harvest", {"url": srv.url, "db": url})
+        results["postgres"] = r
+        b.add(Row("2", f"harvest() {n:,} rec oai_dc -> PostgreSQL", _fmt_rate(r["rate"]),
+                  f"{r['seconds']:.2f} s, {_fmt_rate(r['records'] / r['cpu'])} per CPU s "
+                  "(client side); " + check(r), values=r))
+    except Exception as exc:  # noqa: BLE001 - report, go on
+        results["postgres"] = {"error": str(exc)}
+        b.add(Row("2", "harvest() -> PostgreSQL", "n/a", f"error: {str(exc).splitlines()[0]}"))
+    try:
+        home = b.tmp / "job-home"
+        home.mkdir(exist_ok=True)
+        r = b.child("job", {"url": srv.url, "db": b.sqlite_url("job")},
+                    env={"DAGSTER_HOME": str(home)})
+        results["job"] = r
+        b.add(Row("2", f"job execute_in_process {n:,} rec -> SQLite (reference)",
+                  _fmt_rate(r["rate"]),
+                  f"{r['seconds']:.2f} s run ({r['build_seconds']:.2f} s to build defs); "
+                  f"success={r['success']}, {r['records']:,} stored", values=r))
+    except Exception as exc:  # noqa: BLE001
+        results["job"] = {"error": str(exc)}
+        b.add(Row("2", "job execute_in_process", "n/a", f"error: {str(exc).splitlines()[0]}"))
+    profile = b.results / "profile-e2e.txt"
+    r = b.child("profile", {"url": srv.url, "db": b.sqlite_url("profile"),
+                            "db2": b.sqlite_url("profile2"), "profile": str(profile)})
+    results["profiled"] = r
+    b.add(Row("2", "profile of harvest() -> SQLite", str(profile.relative_to(ROOT)),
+              f"{_fmt_rate(r['rate'])} under pyinstrument"))
+    b.raw["e2e"] = {"records": n, **results}
+
+
+# -- case 3: latency bound ---------------------------------------------------------------------
+
+
+def case_latency(b: Bench) -> None:
+    s = b.sizes
+    n, latency, k = s.latency_records, s.latency, s.windowed_parallel
+    srv = b.server(n, latency)
+    pages = math.ceil(srv.records / s.page_size)
+    floor_seq, floor_par = pages * latency, pages * latency / k
+    expected = _expected_digest(n)
+    out: dict[str, Any] = {"records": n, "pages": pages, "latency": latency,
+                           "floor_sequential": floor_seq, "floor_windowed": floor_par}
+
+    def run(kind: str, args: dict[str, Any]) -> dict[str, Any]:
+        srv.reset()
+        r = b.child(kind, args)
+        r["server"] = srv.stats()
+        return r
+
+    seq = run("harvest", {"url": srv.url, "db": b.sqlite_url("seq"), "max_parallel": 1})
+    out["sequential"] = seq
+    same = (seq["stored"], seq["digest"]) == expected
+    b.add(Row("3", f"sequential harvest {n:,} rec, {latency * 1000:.0f} ms/request",
+              f"{seq['seconds']:.1f} s",
+              f"{seq['seconds'] / floor_seq:.2f}x floor {floor_seq:.1f} s; client CPU "
+              f"{seq['cpu']:.1f} s; {seq['server']['list_requests']} list requests; "
+              + ("store complete" if same else "STORE DIFFERS from the data set"),
+              values={"seconds": seq["seconds"], "floor": floor_seq}))
+    win = run("harvest", {"url": srv.url, "db": b.sqlite_url("win"), "max_parallel": k})
+    out["windowed"] = win
+    concurrent = win["server"]["max_concurrency"]
+    if concurrent <= 1:
+        b.add(Row("3", f"windowed harvest, max_parallel={k}", "n/a",
+                  f"not windowed yet: the server never saw 2 list requests at once "
+                  f"({win['seconds']:.1f} s, {win['server']['list_requests']} requests)",
+                  values={"seconds": win["seconds"], "available": False}))
+        out["windowed"]["available"] = False
+    else:
+        identical = (win["stored"], win["digest"]) == (seq["stored"], seq["digest"])
+        b.add(Row("3", f"windowed harvest, max_parallel={k}", f"{win['seconds']:.1f} s",
+                  f"{seq['seconds'] / win['seconds']:.2f}x faster than sequential; "
+                  f"{win['seconds'] / floor_par:.2f}x floor {floor_par:.1f} s; client CPU "
+                  f"{win['cpu']:.1f} s; peak "
+                  f"{concurrent} in flight, {win['server']['list_requests']} list requests; "
+                  "store " + ("identical to sequential" if identical else "DIFFERS from sequential"),
+                  values={"seconds": win["seconds"], "floor": floor_par,
+                          "speedup": seq["seconds"] / win["seconds"], "identical": identical,
+                          "available": True}))
+    sk = run("sickle_harvest", {"url": srv.url})
+    out["sickle"] = sk
+    b.add(Row("3", "Sickle ListRecords (sequential)", f"{sk['seconds']:.1f} s",
+              f"{sk['seconds'] / floor_seq:.2f}x floor; ours sequential is "
+              f"{sk['seconds'] / seq['seconds']:.2f}x as fast",
+              values={"seconds": sk["seconds"]}))
+    b.raw["latency"] = out
+
+
+# -- case 4: memory ---------------------------------------------------------------------------
+
+
+def case_memory(b: Bench) -> None:
+    small, large = b.sizes.memory_records
+    out: dict[str, Any] = {}
+    plan = [("ours", "tracemalloc"), ("ours", "rss"), ("sickle", "rss")]
+    for n in (small, large):
+        srv = b.server(n)
+        for engine, mode in plan:
+            r = b.child("memory", {"engine": engine, "mode": mode, "url": srv.url})
+            out[f"{engine}/{mode}/{n}"] = r
+    for engine, mode in plan:
+        a, z = out[f"{engine}/{mode}/{small}"], out[f"{engine}/{mode}/{large}"]
+        growth = z["peak_bytes"] / a["peak_bytes"] if a["peak_bytes"] > 0 else float("inf")
+        label = "tracemalloc peak" if mode == "tracemalloc" else "peak RSS growth"
+        row = Row("4", f"fetch+parse memory, {engine}, {label}",
+                  f"{_fmt_bytes(a['peak_bytes'])} @ {small:,} / "
+                  f"{_fmt_bytes(z['peak_bytes'])} @ {large:,}",
+                  f"{growth:.2f}x from {small:,} to {large:,}",
+                  values={"small": a["peak_bytes"], "large": z["peak_bytes"], "growth": growth})
+        if engine == "ours":
+            row.target, row.ok = "<= 1.2x", "ok" if growth <= 1.2 else "MISS"
+        b.add(row)
+    b.raw["memory"] = out
+
+
+# -- case 5: definitions and reload ------------------------------------------------------------
+
+WORKSPACE_QUERY = """
+{ workspaceOrError { __typename ... on Workspace { locationEntries { name loadStatus
+  locationOrLoadError { __typename ... on PythonError { message } } } } } }
+"""
+JOBS_QUERY = """
+{ repositoriesOrError { __typename ... on RepositoryConnection { nodes { name
+  jobs { name } } } } }
+"""
+RELOAD_MUTATION = """
+mutation Reload($name: String!) { reloadRepositoryLocation(repositoryLocationName: $name) {
+  __typename ... on WorkspaceLocationEntry { name loadStatus
+  locationOrLoadError { __typename ... on PythonError { message } } }
+  ... on PythonError { message } } }
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _gql(url: str, query: str, variables: dict | None = None, timeout: float = 300) -> dict:
+    resp = httpx.post(url, json={"query": query, "variables": variables or {}},
+                      timeout=httpx.Timeout(timeout, connect=2.0))
+    resp.raise_for_status()
+    body = resp.json()
+    if body.get("errors"):
+        raise RuntimeError(f"GraphQL errors: {body['errors']}")
+    return body["data"]
+
+
+def _location(url: str) -> dict[str, Any] | None:
+    data = _gql(url, WORKSPACE_QUERY, timeout=30)["workspaceOrError"]
+    for entry in data.get("locationEntries", []):
+        if entry["name"] == LOCATION:
+            return entry
+    return None
+
+
+def _wait_loaded(url: str, proc: subprocess.Popen, deadline: float) -> dict[str, Any]:
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"dagster-webserver exited with {proc.returncode}")
+        try:
+            entry = _location(url)
+        except (httpx.HTTPError, RuntimeError, ValueError):
+            entry = None
+        if entry and entry["loadStatus"] == "LOADED":
+            err = entry["locationOrLoadError"] or {}
+            if err.get("__typename") == "PythonError":
+                raise RuntimeError(f"code location failed to load: {err.get('message')}")
+            return entry
+        time.sleep(0.2)
+    raise TimeoutError("the code location did not load in time")
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    # The code server may have left the group's leader behind: end the rest too.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _reload(b: Bench, n: int) -> dict[str, Any]:
+    work = b.tmp / f"reload-{n}"
+    home = work / "home"
+    home.mkdir(parents=True)
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n", encoding="utf-8")
+    db_url = f"sqlite:///{work / 'registry.sqlite'}"
+    filled = b.child("registry", {"db": db_url, "n": n})
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/graphql"
+    env = {**os.environ, "DAGSTER_HOME": str(home), "OAIPMH_DATABASE_URL": db_url}
+    exe = Path(sys.executable).with_name("dagster-webserver")
+    log = (b.logs / f"webserver-{n}.log").open("w", encoding="utf-8")
+    t0 = time.monotonic()
+    proc = subprocess.Popen([str(exe), "-h", "127.0.0.1", "-p", str(port),
+                             "-w", str(ROOT / "workspace.yaml")],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        _wait_loaded(url, proc, t0 + 600)
+        startup = time.monotonic() - t0
+        nodes = _gql(url, JOBS_QUERY)["repositoriesOrError"].get("nodes", [])
+        jobs = sum(1 for node in nodes for j in node["jobs"]
+                   if j["name"].startswith("harvest_oaipmh_records_"))
+        times = []
+        for _ in range(b.sizes.reload_repeats if n < 1000 else 1):
+            t1 = time.monotonic()
+            res = _gql(url, RELOAD_MUTATION, {"name": LOCATION}, timeout=600)
+            res = res["reloadRepositoryLocation"]
+            if res.get("__typename") != "WorkspaceLocationEntry":
+                raise RuntimeError(f"reload failed: {res}")
+            if res.get("loadStatus") != "LOADED":
+                _wait_loaded(url, proc, t1 + 600)
+            times.append(time.monotonic() - t1)
+        return {"n": n, "registry": filled, "startup_seconds": startup, "jobs": jobs,
+                "reload_seconds": times}
+    finally:
+        _end_group(proc)
+        log.close()
+
+
+def case_definitions(b: Bench) -> None:
+    out: dict[str, Any] = {"load": {}, "reload": {}}
+    for n in b.sizes.definitions:
+        r = b.child("definitions", {"n": n})
+        out["load"][n] = r
+        row = Row("5", f"definitions load, {n} harvesters", f"{r['seconds']:.2f} s",
+                  f"build {r['build_seconds']:.2f} s + validate_loadable "
+                  f"{r['validate_seconds']:.2f} s (imports {r['import_seconds']:.1f} s, "
+                  "not counted)", values=r)
+        if n == 1000:
+            row.target, row.ok = "< 3 s", "ok" if r["seconds"] < 3 else "MISS"
+        b.add(row)
+    for n in b.sizes.reloads:
+        try:
+            r = _reload(b, n)
+        except Exception as exc:  # noqa: BLE001 - report, go on
+            out["reload"][n] = {"error": str(exc)}
+            b.add(Row("5", f"GraphQL reload, {n} harvesters", "n/a",
+                      f"error: {str(exc).splitlines()[0]}"))
+            continue
+        out["reload"][n] = r
+        b.add(Row("5", f"GraphQL reloadRepositoryLocation, {n} harvesters",
+                  f"{statistics.median(r['reload_seconds']):.2f} s",
+                  f"runs {', '.join(f'{t:.2f}' for t in r['reload_seconds'])} s; webserver "
+                  f"start to loaded {r['startup_seconds']:.1f} s; {r['jobs']} harvest jobs "
+                  "in the UI", values=r))
+    b.raw["definitions"] = out
+
+
+CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
+    "1": ("fetch + parse throughput vs Sickle and oaipmh-scythe", case_fetch),
+    "2": ("end-to-end harvest throughput (SQLite, PostgreSQL, job)", case_e2e),
+    "3": ("latency-bound full harvest (sequential, windowed, Sickle)", case_latency),
+    "4": ("peak memory of fetch + parse", case_memory),
+    "5": ("definitions load and GraphQL reload", case_definitions),
+}
+
+
+def rows_as_dicts(rows: list[Row]) -> list[dict[str, Any]]:
+    return [asdict(r) for r in rows]

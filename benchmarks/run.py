@@ -1,0 +1,134 @@
+"""`make bench`: run the benchmark cases, print a table, write JSON to benchmarks/results/.
+
+    python -m benchmarks.run                 # every case, full sizes
+    python -m benchmarks.run --quick         # small sizes (a smoke run)
+    python -m benchmarks.run --cases 1,2     # some cases only
+
+See benchmarks/README.md for what each case measures and how to read the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from benchmarks.cases import CASES, RESULTS, ROOT, Bench, Row, Sizes, rows_as_dicts
+
+PACKAGES = ("oaipmh-dagster", "dagster", "httpx", "lxml", "SQLAlchemy", "psycopg2-binary",
+            "Sickle", "requests", "oaipmh-scythe", "httpx2", "pyinstrument")
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "missing"
+    return out
+
+
+def _git() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+
+    try:
+        return {"commit": git("rev-parse", "HEAD"),
+                "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError):
+        return {}
+
+
+def _table(rows: list[Row]) -> str:
+    return tabulate([[r.case, r.measurement, r.result, r.compare, r.target, r.ok] for r in rows],
+                    headers=["#", "measurement", "result", "compared with", "target", ""],
+                    tablefmt="github", disable_numparse=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="oaipmh-dagster benchmarks")
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    parser.add_argument("--cases", default=",".join(CASES),
+                        help=f"comma-separated case numbers ({','.join(CASES)})")
+    parser.add_argument("--output", type=Path, default=RESULTS,
+                        help="directory for the JSON results and the profile")
+    args = parser.parse_args(argv)
+    selected = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in selected if c not in CASES]
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
+    sizes = Sizes.quick() if args.quick else Sizes()
+    args.output.mkdir(parents=True, exist_ok=True)
+    bench = Bench(sizes, args.output, echo=lambda s: print(s, flush=True))
+    started = datetime.now(UTC)
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+    durations: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    print(f"oaipmh-dagster benchmarks ({'quick' if args.quick else 'full'}), cases "
+          f"{','.join(selected)}; {os.cpu_count()} CPUs, load average "
+          f"{load_before[0]:.1f}", flush=True)
+    try:
+        for case in selected:
+            title, fn = CASES[case]
+            print(f"case {case}: {title}", flush=True)
+            c0 = time.perf_counter()
+            try:
+                fn(bench)
+            except Exception as exc:  # noqa: BLE001 - one broken case must not hide the others
+                errors[case] = traceback.format_exc()
+                bench.add(Row(case, title, "ERROR", str(exc).splitlines()[0] if str(exc)
+                              else type(exc).__name__))
+            durations[case] = time.perf_counter() - c0
+    finally:
+        bench.close()
+    total = time.perf_counter() - t0
+    load_after = os.getloadavg()
+    table = _table(bench.rows)
+    print()
+    print(table)
+    print(f"\n{total:.0f} s in all; load average {load_before[0]:.1f} before, "
+          f"{load_after[0]:.1f} after (on {os.cpu_count()} CPUs: figures are noisy when it "
+          "is high)")
+    result = {
+        "started": started.isoformat(),
+        "quick": args.quick,
+        "cases": selected,
+        "sizes": sizes.__dict__,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "load_before": load_before, "load_after": load_after},
+        "versions": _versions(),
+        "git": _git(),
+        "seconds": total,
+        "case_seconds": durations,
+        "rows": rows_as_dicts(bench.rows),
+        "raw": bench.raw,
+        "errors": errors,
+        "table": table,
+    }
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    out = args.output / f"bench-{stamp}{'-quick' if args.quick else ''}.json"
+    text = json.dumps(result, indent=2, default=str)
+    out.write_text(text, encoding="utf-8")
+    (args.output / "latest.json").write_text(text, encoding="utf-8")
+    print(f"results: {out}")
+    for case, tb in errors.items():
+        print(f"\ncase {case} failed:\n{tb}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
