@@ -26,8 +26,8 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return (done.value.code or 0), out.out, out.err
 
 
-def _fail_on_c(raw: bytes) -> dict:
-    if b">c<" in raw:
+def _fail_on_c(raw: str, element: object = None) -> dict:
+    if ">c<" in raw:
         raise ValueError("cannot read c")
     return title_of(raw) | {"creators": ["X, A.", "Y, B."], "extra": {"k": "v"}}
 

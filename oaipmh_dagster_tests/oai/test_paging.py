@@ -402,3 +402,17 @@ def test_no_records_match_gives_one_empty_page_with_response_date():
     assert pages[0].records == [] and pages[0].resumption_token is None
     assert pages[0].response_date == datetime(2024, 6, 7, 8, 9, 10, tzinfo=UTC)
     assert pages[0].request_args["from"] == "2030-01-01"
+
+
+def test_loop_detector_finds_long_loops_in_constant_memory() -> None:
+    from oaipmh_dagster.oai.client import _LoopDetector
+
+    # A cycle of 500 tokens after a tail of 37: found within two turns of the cycle.
+    det = _LoopDetector()
+    seq = [f"t{i}" for i in range(37)] + [f"c{i % 500}" for i in range(5000)]
+    found = next(i for i, tok in enumerate(seq) if det.repeated(tok))
+    assert 37 + 500 <= found <= 37 + 3 * 500
+    assert len(det.recent) <= _LoopDetector.RECENT
+    # A long list without a loop is never flagged.
+    det = _LoopDetector()
+    assert not any(det.repeated(f"u{i}") for i in range(100_000))

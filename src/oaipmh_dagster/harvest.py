@@ -35,6 +35,9 @@ from oaipmh_dagster.windows import Window
 log = logging.getLogger(__name__)
 
 GETRECORD_BATCH = 100
+# Progress lines: the first and last page, and one every this many seconds between
+# (each line is an event in Dagster's log: one per page would slow fast harvests).
+LOG_EVERY = 2.0
 
 
 class HarvestError(RuntimeError):
@@ -228,6 +231,7 @@ def harvest(
     client = client or OAIClient(h.base_url, options or client_options(h), logger=logger)
     checkpoint = store.acquire(h.id, run_id, is_stale=is_stale)
     ok = False
+    logged = 0.0
     try:
         ident = client.identify()
         gran = ident.granularity
@@ -270,11 +274,13 @@ def harvest(
                 cursor=rt.cursor if rt else None,
                 complete_list_size=stats.complete_list_size, token=page.token,
             )
-            logger.info(
-                "page %d: %d records so far (%.0f/s)%s", event.pages, event.records, event.rate,
-                f", cursor {event.cursor} of {event.complete_list_size}"
-                if event.cursor is not None else "",
-            )
+            if stats.pages == 1 or page.token is None or elapsed - logged >= LOG_EVERY:
+                logged = elapsed
+                logger.info(
+                    "page %d: %d records so far (%.0f/s)%s", event.pages, event.records,
+                    event.rate, f", cursor {event.cursor} of {event.complete_list_size}"
+                    if event.cursor is not None else "",
+                )
             if progress is not None:
                 progress(event)
             _notify(event)

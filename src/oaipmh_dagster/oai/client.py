@@ -615,7 +615,7 @@ class OAIClient:
     ) -> Iterator[tuple[T, Any]]:
         """Follow resumptionTokens: loop detection, empty pages, one restart on a bad token."""
         token = start_token
-        seen: set[str] = set()
+        loops = _LoopDetector()
         empty = 0
         restarted = False
         while True:
@@ -637,18 +637,17 @@ class OAIClient:
                     f"resumptionToken {token!r} rejected ({exc.server_message or 'badResumptionToken'}); "
                     f"restarting the list from its original arguments at {self.url_for(args)}"
                 )
-                token, seen, empty = None, set(), 0
+                token, loops, empty = None, _LoopDetector(), 0
                 continue
             yield item, rt
             if rt is None or not rt.token:
                 return
-            if rt.token in seen or rt.token == token:
+            if rt.token == token or loops.repeated(rt.token):
                 raise DataError(
                     "resumptionToken loop: the server sent a token it already sent",
                     url=self.url_for(params),
                     token=rt.token,
                 )
-            seen.add(rt.token)
             if count == 0:
                 empty += 1
                 if empty > self.options.max_empty_pages:
@@ -768,6 +767,32 @@ class OAIClient:
 
 
 _END = object()
+
+
+class _LoopDetector:
+    """Finds a resumptionToken sequence that repeats, in constant memory: the recent
+    tokens catch short loops at once, and Brent's method (a saved token compared with
+    each new one, saved again at doubling distances) catches a loop of any length
+    within two of its turns."""
+
+    RECENT = 64
+
+    def __init__(self) -> None:
+        self.recent: dict[str, None] = {}
+        self.saved: str | None = None
+        self.power = 1
+        self.steps = 0
+
+    def repeated(self, token: str) -> bool:
+        if token in self.recent or token == self.saved:
+            return True
+        self.recent[token] = None
+        if len(self.recent) > self.RECENT:
+            del self.recent[next(iter(self.recent))]
+        self.steps += 1
+        if self.steps == self.power:
+            self.saved, self.power, self.steps = token, self.power * 2, 0
+        return False
 
 
 def _prefetched(pages: Iterator[Page]) -> Iterator[Page]:
