@@ -245,4 +245,8 @@ def preview_markdown(store: Store, harvester_id: str, rows: int = 10) -> str:
     frame = pd.DataFrame(items)
     keep = [c for c in frame.columns if c in ("oai_identifier", "datestamp", "sets")]
     keep += [c for c in frame.columns if c.startswith("metadata.")][:4]
-    return frame[keep].to_markdown(index=False)
+    # A '|' inside a cell (flatten joins lists with ' | ') would split the Markdown row.
+    cells = frame[keep].map(
+        lambda v: v.replace("|", "\\|").replace("\n", " ") if isinstance(v, str) else v
+    )
+    return cells.to_markdown(index=False)

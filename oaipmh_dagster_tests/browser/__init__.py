@@ -1,0 +1,1 @@
+"""Browser tests: headless Chromium (Debian's) against a real `oaipmh-dagster demo`."""

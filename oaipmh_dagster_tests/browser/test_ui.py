@@ -1,0 +1,330 @@
+"""The Dagster UI as an operator uses it for the demo harvester, in headless Chromium.
+
+The four steps of the first-run tour, in order (they share one `oaipmh-dagster demo`):
+launch the job from the Launchpad, read the asset graph and the materialization, toggle
+the schedule, read the since sensor's cursor. Each step saves screenshots (conftest)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+import pytest
+
+try:
+    from playwright.sync_api import expect
+except ImportError:  # the fixtures skip (or fail in CI) with the reason
+    expect = None
+
+from oaipmh_dagster_tests.browser.conftest import LOCATION, DagsterUI
+
+pytestmark = pytest.mark.browser
+
+
+HARVESTER = "demo"
+JOB = f"harvest_oaipmh_records_{HARVESTER}"
+GROUP = f"oaipmh_{HARVESTER}"
+SENSOR = "oaipmh_since_sensor"
+REPOSITORY = "__repository__"
+RUN_ID = re.compile(r"/runs/([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
+
+RUN_QUERY = """
+query Run($runId: ID!) { runOrError(runId: $runId) { __typename
+  ... on Run { status jobName tags { key value } } } }
+"""
+LATEST_SUCCESS_QUERY = """
+query Latest($job: String!) { runsOrError(filter: {pipelineName: $job, statuses: [SUCCESS]},
+  limit: 1) { ... on Runs { results { runId } } } }
+"""
+MATERIALIZATION_QUERY = """
+query Mat($path: [String!]!) { assetOrError(assetKey: {path: $path}) { __typename
+  ... on Asset { assetMaterializations(limit: 1) { runId metadataEntries { label
+    ... on TextMetadataEntry { text } ... on IntMetadataEntry { intValue }
+    ... on MarkdownMetadataEntry { mdStr } } } } } }
+"""
+GROUP_QUERY = """
+query Group($group: String!, $location: String!, $repo: String!) {
+  assetNodes(group: {groupName: $group, repositoryLocationName: $location,
+                     repositoryName: $repo}) { assetKey { path } dependencyKeys { path } } }
+"""
+SCHEDULE_QUERY = """
+query Schedule($location: String!, $repo: String!, $name: String!) {
+  scheduleOrError(scheduleSelector: {repositoryLocationName: $location,
+    repositoryName: $repo, scheduleName: $name}) { __typename
+    ... on Schedule { scheduleState { status } } } }
+"""
+SENSOR_QUERY = """
+query Sensor($location: String!, $repo: String!, $name: String!) {
+  sensorOrError(sensorSelector: {repositoryLocationName: $location,
+    repositoryName: $repo, sensorName: $name}) { __typename
+    ... on Sensor { sensorState { status typeSpecificData {
+      ... on SensorData { lastCursor } } } } } }
+"""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def run_status(ui: DagsterUI, run_id: str) -> str:
+    return ui.graphql(RUN_QUERY, {"runId": run_id})["runOrError"]["status"]
+
+
+def wait_for_run(ui: DagsterUI, run_id: str, timeout: float = 180.0) -> str:
+    """Poll the run's status until it is finished; returns it."""
+    deadline = time.monotonic() + timeout
+    status = run_status(ui, run_id)
+    while status not in ("SUCCESS", "FAILURE", "CANCELED"):
+        assert time.monotonic() < deadline, f"run {run_id} still {status} after {timeout} s"
+        time.sleep(1.0)
+        status = run_status(ui, run_id)
+    return status
+
+
+def latest_success_run(ui: DagsterUI) -> str:
+    """The newest successful run of the demo job (after test 1: the one the UI launched)."""
+    runs = ui.graphql(LATEST_SUCCESS_QUERY, {"job": JOB})["runsOrError"]["results"]
+    assert runs, f"no successful run of {JOB}"
+    return runs[0]["runId"]
+
+
+def latest_materialization(ui: DagsterUI, name: str) -> tuple[str, dict[str, Any]]:
+    """(run id, {label: value}) of an asset's newest materialization."""
+    path = ["oaipmh", HARVESTER, name]
+    asset = ui.graphql(MATERIALIZATION_QUERY, {"path": path})["assetOrError"]
+    assert asset["__typename"] == "Asset", asset
+    mats = asset["assetMaterializations"]
+    assert mats, f"{'/'.join(path)} was never materialized"
+    values = {}
+    for entry in mats[0]["metadataEntries"]:
+        for key in ("text", "intValue", "mdStr"):
+            if key in entry:
+                values[entry["label"]] = entry[key]
+    return mats[0]["runId"], values
+
+
+def schedule_status(ui: DagsterUI, name: str) -> str:
+    data = ui.graphql(SCHEDULE_QUERY, {"location": LOCATION, "repo": REPOSITORY, "name": name})
+    schedule = data["scheduleOrError"]
+    assert schedule["__typename"] == "Schedule", schedule
+    return schedule["scheduleState"]["status"]
+
+
+def wait_for_schedule(ui: DagsterUI, name: str, status: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (current := schedule_status(ui, name)) != status:
+        assert time.monotonic() < deadline, f"schedule {name} is {current}, not {status}"
+        time.sleep(0.5)
+
+
+def sensor_cursor(ui: DagsterUI) -> dict[str, Any]:
+    data = ui.graphql(SENSOR_QUERY, {"location": LOCATION, "repo": REPOSITORY, "name": SENSOR})
+    sensor = data["sensorOrError"]
+    assert sensor["__typename"] == "Sensor", sensor
+    cursor = sensor["sensorState"]["typeSpecificData"]["lastCursor"]
+    return json.loads(cursor) if cursor else {}
+
+
+def row_value(pg: Any, label: str) -> Any:
+    """The value cell of the two-column definition table row whose first cell is `label`."""
+    row = pg.locator("tr").filter(
+        has=pg.locator("td").first.filter(has_text=re.compile(rf"^\s*{re.escape(label)}\s*$"))
+    )
+    return row.locator("td").nth(1)
+
+
+def show_whole_job_graph(pg: Any) -> None:
+    """Cosmetic, for the screenshot: widen the job page's graph panel (drag the divider)
+    and pan so both assets show. Best effort: a changed layout only makes it a no-op."""
+    divider = pg.locator("[class*=horizontalHitArea]").first
+    box = divider.bounding_box() if divider.count() else None
+    if box is None:
+        return
+    pg.mouse.move(box["x"] + box["width"] / 2, 500)
+    pg.mouse.down()
+    pg.mouse.move(1000, 500, steps=10)
+    pg.mouse.up()
+    pg.mouse.move(420, 300)
+    pg.mouse.down()
+    pg.mouse.move(220, 300, steps=10)
+    pg.mouse.up()
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def test_launch_demo_job_from_launchpad(dagster_ui: DagsterUI, page: Any, shot: Any) -> None:
+    """Step 1: the job page, its Launchpad with the default config, Launch, run success."""
+    page.goto(f"/locations/{LOCATION}/jobs/{JOB}")
+    expect(page.get_by_role("button", name="Materialize all")).to_be_visible(timeout=60_000)
+    expect(page.get_by_text("Harvest Demo repository (Dublin Core) from")).to_be_visible()
+    expect(page.get_by_text(f"oaipmh/harvester: {HARVESTER}").first).to_be_visible()
+    expect(page.get_by_text("Materialized", exact=True).first).to_be_visible(timeout=60_000)
+    show_whole_job_graph(page)  # the graph only draws the nodes in view
+    expect(page.get_by_text("Materialized", exact=True)).to_have_count(2, timeout=30_000)
+    shot(page, "01-job")
+
+    page.get_by_role("button", name="arrow_drop_down").click()
+    page.get_by_role("menuitem", name="Open launchpad").click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog.get_by_text("Launchpad")).to_be_visible()
+    editor = dialog.locator(".CodeMirror").first
+    expect(editor).to_contain_text(f"harvest_{HARVESTER}")
+    expect(editor).to_contain_text(re.compile(r"full:\s*false"))
+    expect(dialog.get_by_text("No errors")).to_be_visible()
+    launch = dialog.get_by_role("button", name=re.compile(r"Materialize$"))
+    expect(launch).to_be_enabled()
+    # With the cursor inside `config:`, the right-hand panel documents each field.
+    editor.locator(".CodeMirror-line", has_text="resume").click()
+    expect(dialog.get_by_text("Ignore the remembered since")).to_be_visible()
+    shot(page, "02-launchpad")
+
+    launch.click()
+    page.wait_for_url(RUN_ID, timeout=60_000)
+    run_id = RUN_ID.search(page.url).group(1)
+
+    assert wait_for_run(dagster_ui, run_id) == "SUCCESS", dagster_ui.log_tail()
+    run = dagster_ui.graphql(RUN_QUERY, {"runId": run_id})["runOrError"]
+    assert run["jobName"] == JOB
+    tags = {t["key"]: t["value"] for t in run["tags"]}
+    assert tags["oaipmh/harvester"] == HARVESTER
+
+    # The run page follows the run live; reload once if it missed the last events.
+    success = page.get_by_text("Success", exact=True).first
+    try:
+        expect(success).to_be_visible(timeout=30_000)
+    except AssertionError:
+        page.reload()
+        expect(success).to_be_visible(timeout=60_000)
+    expect(page.get_by_text("RUN_SUCCESS").first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text(f"Run of {JOB}")).to_be_visible()
+    shot(page, "03-run-success")
+
+    # The harvest logs where its since came from, one line per page and a summary (INFO);
+    # hide Dagster's own events to see just those.
+    page.get_by_role("button", name=re.compile(r"Levels \(")).click()
+    page.get_by_role("menuitem", name=re.compile(r"^event")).click()
+    page.keyboard.press("Escape")
+    expect(page.get_by_text("RUN_SUCCESS")).to_have_count(0)
+    expect(page.get_by_text(re.compile(rf"^harvesting {HARVESTER} .*since=")).first).to_be_visible()
+    expect(page.get_by_text(re.compile(r"^page 1: \d+ records so far")).first).to_be_visible()
+    expect(page.get_by_text(re.compile(rf"^harvest finished: {HARVESTER}: \d+ records"))
+           .first).to_be_visible()
+    shot(page, "04-run-logs")
+
+
+def test_asset_graph_and_materialization(dagster_ui: DagsterUI, page: Any, shot: Any) -> None:
+    """Step 2: source -> raw_records -> records, and the latest materialization's metadata."""
+    run_id = latest_success_run(dagster_ui)
+    nodes = dagster_ui.graphql(GROUP_QUERY, {"group": GROUP, "location": LOCATION,
+                                             "repo": REPOSITORY})["assetNodes"]
+    deps = {n["assetKey"]["path"][-1]: sorted(d["path"][-1] for d in n["dependencyKeys"])
+            for n in nodes}
+    assert deps == {"source": [], "raw_records": ["source"], "records": ["raw_records"]}
+
+    page.goto(f"/locations/{LOCATION}/asset-groups/{GROUP}")
+    for name in ("source", "raw_records", "records"):
+        expect(page.get_by_text(name, exact=True).first).to_be_visible(timeout=60_000)
+    # raw_records and records show their latest materialization; source is external.
+    expect(page.get_by_text("Materialized", exact=True)).to_have_count(2, timeout=60_000)
+    shot(page, "05-asset-graph")
+
+    raw_run, raw = latest_materialization(dagster_ui, "raw_records")
+    assert raw_run == run_id
+    page.goto(f"/assets/oaipmh/{HARVESTER}/raw_records?view=events")
+    expect(page.get_by_text("Materialized in run")).to_be_visible(timeout=60_000)
+    expect(page.get_by_role("link", name=run_id[:8]).first).to_be_visible()
+    for label in ("oai/response_date", "oai/mode", "records", "new", "deleted", "pages"):
+        expect(row_value(page, label).first).to_be_visible()
+    expect(row_value(page, "oai/response_date").first).to_have_text(raw["oai/response_date"])
+    expect(row_value(page, "oai/since_source").first).to_have_text("sensor_cursor")
+    shot(page, "06-raw-records-metadata")
+
+    records_run, records = latest_materialization(dagster_ui, "records")
+    assert records_run == run_id
+    assert records["dagster/row_count"] > 0
+    page.goto(f"/assets/oaipmh/{HARVESTER}/records?view=events")
+    expect(page.get_by_role("link", name=run_id[:8]).first).to_be_visible(timeout=60_000)
+    expect(row_value(page, "dagster/row_count").first).to_have_text(
+        str(records["dagster/row_count"]))
+    expect(row_value(page, "transformer").first).to_have_text("oai_dc")
+    shot(page, "07-records-metadata")
+
+    row_value(page, "preview").first.get_by_text("Show Markdown").click()
+    preview = page.get_by_role("dialog")
+    expect(preview.get_by_role("table")).to_be_visible()
+    expect(preview.get_by_role("columnheader", name="oai_identifier")).to_be_visible()
+    expect(preview.get_by_text(re.compile(r"^oai:demo\.example\.org:")).first).to_be_visible()
+    # Every row has as many cells as the header (a '|' in a value must not split a cell).
+    headers = preview.get_by_role("columnheader").count()
+    rows = preview.locator("tbody tr")
+    assert rows.count() > 0
+    assert {rows.nth(i).locator("td").count() for i in range(rows.count())} == {headers}
+    shot(page, "08-records-preview")
+    preview.get_by_role("button", name="Close").click()
+
+    # The asset checks of the run: completeListSize on raw_records.
+    page.goto(f"/assets/oaipmh/{HARVESTER}/raw_records?view=checks")
+    expect(page.get_by_text("complete_list_size_matches").first).to_be_visible(timeout=60_000)
+    expect(page.get_by_text("Passed").first).to_be_visible()
+    shot(page, "09-asset-checks")
+
+
+@pytest.mark.parametrize(("harvester", "first", "second"), [
+    ("demo", "STOPPED", "RUNNING"),  # enabled harvester: its schedule starts running
+    ("demo_datacite", "RUNNING", "STOPPED"),  # disabled harvester: starts stopped
+])
+def test_toggle_schedule(dagster_ui: DagsterUI, page: Any, shot: Any,
+                         harvester: str, first: str, second: str) -> None:
+    """Step 3: switch the schedule in the UI; GraphQL and a reload agree each time."""
+    name = f"harvest_oaipmh_records_{harvester}"
+    assert schedule_status(dagster_ui, name) == second, "unexpected default status"
+    page.goto(f"/locations/{LOCATION}/schedules/{name}")
+    expect(page.get_by_text(name).first).to_be_visible(timeout=60_000)
+    running = row_value(page, "Running").first
+    switch = running.get_by_role("checkbox")
+    expect(switch).to_be_checked(checked=second == "RUNNING", timeout=30_000)
+    for step, status in enumerate((first, second)):
+        running.locator("label").click()
+        wait_for_schedule(dagster_ui, name, status)
+        page.reload()
+        expect(page.get_by_text(name).first).to_be_visible(timeout=60_000)
+        expect(switch).to_be_checked(checked=status == "RUNNING", timeout=30_000)
+        assert schedule_status(dagster_ui, name) == status
+        state = "on" if status == "RUNNING" else "off"
+        shot(page, f"{10 + step:02d}-schedule-{harvester}-{state}",
+             docs=harvester == HARVESTER)
+
+
+def test_since_sensor_cursor(dagster_ui: DagsterUI, page: Any, shot: Any) -> None:
+    """Step 4: the since sensor's cursor holds the demo run's responseDate."""
+    run_id = latest_success_run(dagster_ui)
+    _, raw = latest_materialization(dagster_ui, "raw_records")
+    expected = raw["oai/response_date"]
+
+    page.goto(f"/locations/{LOCATION}/sensors/{SENSOR}")
+    cursor_cell = row_value(page, "Cursor").first
+    # The daemon evaluates the sensor every 15 s: reload until its cursor has the run.
+    deadline = time.monotonic() + 120.0
+    while True:
+        expect(cursor_cell).to_be_visible(timeout=60_000)
+        text = cursor_cell.inner_text()
+        shown = json.loads(text[text.index("{"):text.rindex("}") + 1]) if "{" in text else {}
+        if shown.get("since", {}).get(HARVESTER) == expected:
+            break
+        assert time.monotonic() < deadline, f"cursor never showed {HARVESTER}={expected}: {text}"
+        page.wait_for_timeout(5_000)
+        page.reload()
+    assert run_id in shown.get("seen", []) or shown.get("watermark")
+    assert sensor_cursor(dagster_ui)["since"][HARVESTER] == expected
+    expect(page.get_by_text("Edit the cursor to re-harvest")).to_be_visible()
+    shot(page, "12-since-sensor")
+
+    cursor_cell.get_by_role("button", name=re.compile("Edit")).click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog).to_contain_text(expected)
+    expect(dialog.get_by_role("button", name=re.compile("Set cursor value"))).to_be_visible()
+    shot(page, "13-since-sensor-edit-cursor")
+    dialog.get_by_role("button", name=re.compile("Cancel")).click()
+    expect(dialog).to_have_count(0)
