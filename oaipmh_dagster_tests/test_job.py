@@ -224,3 +224,17 @@ def test_incremental_run_fetches_only_new_records(sqlite_url: str, server: OAISe
     raw = _mat(result, "raw_records").metadata
     assert raw["oai/since_source"].value == "sensor_cursor"
     assert (raw["new"].value, raw["records"].value) == (3, 3)
+
+
+def test_bare_cursor_edit_is_not_undone_by_older_runs(sqlite_url: str, server: OAIServer,
+                                                      instance: dg.DagsterInstance) -> None:
+    h = add_harvester("j", server.base_url)
+    server.clock = lambda: datetime(2030, 1, 1, tzinfo=UTC)
+    assert _run(h, instance).success
+    # An operator types a bare mapping to re-harvest from 2024: older successful runs
+    # must not move it forward again on the next tick.
+    edited = _tick_sensor(h, instance, json.dumps({"j": "2024-01-01"}))
+    assert json.loads(edited)["since"] == {"j": "2024-01-01"}
+    server.clock = lambda: datetime(2031, 1, 1, tzinfo=UTC)
+    assert _run(h, instance, {"since": "2024-01-01"}).success
+    assert json.loads(_tick_sensor(h, instance, edited))["since"] == {"j": "2031-01-01T00:00:00Z"}

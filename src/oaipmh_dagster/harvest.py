@@ -104,11 +104,16 @@ class HarvestStats:
         return (
             f"{self.harvester_id}: {self.records} records ({self.new} new, {self.updated} "
             f"updated, {self.deleted} deleted, {self.unchanged} unchanged, {self.failed} "
-            f"failed) in {self.pages} pages, {self.requests} requests, {self.retries} retries, "
+            f"failed) in {_n(self.pages, 'page')}, {_n(self.requests, 'request')}, "
+            f"{_n(self.retries, 'retry', 'retries')}, "
             f"{self.bytes / 1e6:.1f} MB, {self.duration:.1f} s "
             f"({self.records_per_second:.0f} records/s); since={self.since or '-'} "
             f"until={self.until or '-'} response_date={self.response_date}"
         )
+
+
+def _n(count: int, one: str, many: str | None = None) -> str:
+    return f"{count} {one if count == 1 else (many or one + 's')}"
 
 
 @dataclass(frozen=True)

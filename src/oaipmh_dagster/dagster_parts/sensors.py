@@ -58,6 +58,8 @@ def advance_cursor(instance: dg.DagsterInstance, cursor: str | None) -> tuple[st
     data = parse_cursor(cursor)
     since: dict[str, str] = data["since"]
     watermark = data.get("watermark")
+    if watermark == "now":  # an operator's bare mapping: do not replay older runs
+        watermark = datetime.now(UTC).isoformat()
     seen: list[str] = list(data.get("seen") or [])
     after = datetime.fromisoformat(watermark) if watermark else None
     records = instance.get_run_records(

@@ -26,7 +26,9 @@ class ResolvedSince:
 def parse_cursor(cursor: str | None) -> dict[str, Any]:
     """The since sensor's cursor as a dict: {"since": {id: datestamp}, "watermark": ...}.
 
-    An operator may also type a bare mapping {id: datestamp} in the UI."""
+    An operator may also type a bare mapping {id: datestamp} in the UI; it has no
+    watermark, so it comes back with `"watermark": "now"`: only runs that succeed after
+    the edit may move those dates again."""
     if not cursor:
         return {"since": {}, "watermark": None}
     try:
@@ -36,7 +38,7 @@ def parse_cursor(cursor: str | None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"the {SENSOR_NAME} cursor must be a JSON object")
     if "since" not in data:
-        data = {"since": data, "watermark": None}
+        data = {"since": data, "watermark": "now"}
     data.setdefault("watermark", None)
     return data
 

@@ -75,7 +75,14 @@ def _dagster_dev(port: int) -> subprocess.Popen:
            "-p", str(port)]
     workspace = Path.cwd() / "workspace.yaml"
     cmd += ["-w", str(workspace)] if workspace.is_file() else ["-m", "oaipmh_dagster.definitions"]
-    return subprocess.Popen(cmd, start_new_session=True)
+    # Default signal handlers in the child: a shell that backgrounds us may have set
+    # SIGINT/SIGTERM to ignored, and dagster dev would inherit that.
+    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_default_signals)  # noqa: PLW1509
+
+
+def _default_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def stop_group(proc: subprocess.Popen, timeout: float = 20.0) -> None:
@@ -92,10 +99,18 @@ def stop_group(proc: subprocess.Popen, timeout: float = 20.0) -> None:
         pass
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run_demo(*, ui_port: int, oai_port: int, n_records: int, ui: bool,
              instance_factory: Callable[[], Any]) -> int:
-    """Set everything up, then serve until Ctrl-C; returns the exit code."""
+    """Set everything up, then serve until Ctrl-C (or SIGTERM); returns the exit code."""
     from oaipmh_dagster.dagster_parts.runner import run_harvest_job
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     home = db.dagster_home()
     home.mkdir(parents=True, exist_ok=True)
