@@ -345,8 +345,8 @@ def test_records_json(run, database_url: str) -> None:
     store.upsert_page("demo", [rec("oai:x:1", "2024-01-02T04:04:05+01:00", sets=("s1", "s2")),
                                rec("oai:x:2", deleted=True),
                                rec("oai:x:3")],
-                      run_id="r1", transform=lambda raw: (
-                          title_of(raw) if b"x:3" not in raw else {}[raw]))
+                      run_id="r1", transform=lambda raw, el: (
+                          title_of(raw) if "x:3" not in raw else {}[raw]))
     r = run("records", "demo", "--json")
     assert r.code == 0, r.err
     items = json.loads(r.out)
