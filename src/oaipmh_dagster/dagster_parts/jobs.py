@@ -21,22 +21,24 @@ def run_tags(h: Harvester) -> dict[str, str]:
 def build_harvest_job(
     h: Harvester, assets: Sequence[dg.AssetsDefinition], resources: dict[str, Any]
 ) -> dg.JobDefinition:
-    """The harvester's asset job, resolved against its own assets only.
+    """The harvester's asset job, built from its own assets only.
 
-    Resolving each job against the whole asset graph costs O(harvesters) per job,
-    O(N^2) in all (32 s at 1000 harvesters); against its own three assets it is O(1).
-    `resolve(asset_graph=...)` is not public API: it stays in this function."""
+    Resolving `define_asset_job` selections against the whole asset graph costs
+    O(harvesters) per job, O(N^2) in all (32 s at 1000 harvesters); building each job
+    from a graph of its own three assets (the source is not executable, so the job
+    materializes raw_records and records) is O(1). `build_asset_job` and `AssetGraph`
+    are not public API: they stay in this function, covered by the definitions tests."""
     from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
+    from dagster._core.definitions.assets.job.asset_job import build_asset_job
+    from dagster._core.execution.with_resources import wrap_resources_for_execution
 
-    job = dg.define_asset_job(
+    return build_asset_job(
         h.job_name,
-        selection=dg.AssetSelection.assets(*[a for a in assets if a.is_executable]),
+        asset_graph=AssetGraph.from_assets(list(assets)),
+        allow_different_partitions_defs=False,
+        resource_defs=wrap_resources_for_execution(resources),
         description=f"Harvest {h.name} from {h.base_url} ({h.metadata_prefix}) into the "
         "record store: raw_records, then records.",
         tags=run_tags(h),
         executor_def=dg.in_process_executor,
     )
-    from dagster._core.execution.with_resources import wrap_resources_for_execution
-
-    return job.resolve(asset_graph=AssetGraph.from_assets(list(assets)),
-                       resource_defs=wrap_resources_for_execution(resources))
