@@ -1,0 +1,1 @@
+"""Reliability: fault injection, crash and resume, security, load through the run queue."""
