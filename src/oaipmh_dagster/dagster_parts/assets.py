@@ -2,9 +2,11 @@
 `records`, materialized by one op (raw first, then records)."""
 
 
+import functools
 from typing import Any
 
 import dagster as dg
+from dagster._core.definitions.assets.definition.assets_definition import AssetsDefinition
 
 from oaipmh_dagster import harvest as harvest_mod
 from oaipmh_dagster.dagster_parts.config import HarvestConfig
@@ -48,7 +50,7 @@ def group_name(harvester_id: str) -> str:
 
 def op_name(harvester_id: str) -> str:
     """Name of the op that materializes a harvester's assets (run config goes under it)."""
-    return f"harvest_{harvester_id}"
+    return f"{_OP_PREFIX}{harvester_id}"
 
 
 def build_harvester_assets(h: Harvester) -> list[dg.AssetsDefinition]:
@@ -88,21 +90,58 @@ def build_harvester_assets(h: Harvester) -> list[dg.AssetsDefinition]:
                           "completeListSize."),
     ]
 
-    @dg.multi_asset(
-        name=op_name(h.id),
-        specs=specs,
-        check_specs=checks,
+    _SNAPSHOTS[h.id] = h
+    op = _harvest_op().with_replaced_properties(
+        name=op_name(h.id), description=f"Harvest {h.name} ({h.base_url})."
+    )
+    harvest_assets = AssetsDefinition.dagster_internal_init(
+        keys_by_input_name={},
+        keys_by_output_name={"raw_records": raw_key, "records": records_key},
+        node_def=op,
+        selected_asset_keys=None,
         can_subset=True,
-        description=f"Harvest {h.name} ({h.base_url}).",
-        op_tags={"oaipmh/harvester": h.id},
+        resource_defs=None,
+        backfill_policy=None,
+        check_specs_by_output_name={CHECK_NO_FAILED: checks[0], CHECK_COMPLETE: checks[1]},
+        selected_asset_check_keys=None,
+        is_subset=False,
+        specs=specs,
+        execution_type=None,
+        hook_defs=None,
+    )
+    return [dg.AssetsDefinition(specs=[source]), harvest_assets]
+
+
+# Harvester rows by id, as the definitions were built from them (in run workers: from
+# the reconstruction metadata); the shared op body finds its harvester here.
+_SNAPSHOTS: dict[str, Harvester] = {}
+_OP_PREFIX = "harvest_"
+
+
+@functools.cache
+def _harvest_op() -> dg.OpDefinition:
+    """The op every harvester's assets share, renamed per harvester.
+
+    Its outputs have the same names for every harvester, so one op definition (config
+    schema, outputs, resources) serves them all: building it per harvester with the
+    multi-asset decorator cost most of the definitions load time at 1000 harvesters.
+    `AssetsDefinition.dagster_internal_init` ties a renamed copy to each harvester's keys;
+    like the job builder, this internal API stays in this module."""
+    nothing = {"dagster_type": dg.Nothing, "is_required": False}
+
+    @dg.op(
+        name="harvest",
+        out={name: dg.Out(**nothing) for name in ("raw_records", "records", CHECK_NO_FAILED,
+                                                  CHECK_COMPLETE)},
         config_schema=HARVEST_CONFIG_SCHEMA,
         required_resource_keys={"oaipmh_db"},
     )
-    def _harvest(context: dg.AssetExecutionContext) -> Any:
+    def harvest(context: dg.AssetExecutionContext) -> Any:
+        snapshot = _SNAPSHOTS[context.op_def.name.removeprefix(_OP_PREFIX)]
         config = HarvestConfig(**context.op_config)
-        yield from run_harvest(context, config, context.resources.oaipmh_db, h)
+        yield from run_harvest(context, config, context.resources.oaipmh_db, snapshot)
 
-    return [dg.AssetsDefinition(specs=[source]), _harvest]
+    return harvest
 
 
 def _location_name(context: dg.AssetExecutionContext) -> str | None:
