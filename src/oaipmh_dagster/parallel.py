@@ -20,7 +20,7 @@ from oaipmh_dagster.oai import BadResumptionToken, Granularity, OAIClient, Page
 from oaipmh_dagster.windows import Window, split
 
 SPLIT_PAGES = 10
-MAX_SPLIT = 64
+MAX_SPLIT = 128
 
 
 MAX_DEPTH = 6
@@ -161,4 +161,6 @@ def _pieces(page: Page, split_pages: int, depth: int, workers: int) -> int:
     pages = math.ceil(rt.complete_list_size / per_page)
     if pages <= split_pages:
         return 1
-    return min(MAX_SPLIT, math.ceil(pages / split_pages))
+    # Aim at half the threshold, so uneven windows rarely need a second split (each
+    # split throws away the first page it fetched).
+    return min(MAX_SPLIT, math.ceil(2 * pages / split_pages))
