@@ -99,11 +99,21 @@ def sqlite_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
     db.dispose_all()
 
 
+def _forget_dagster_state_storage() -> None:
+    """Dagster keeps the last entered instance's state storage in a context variable; an
+    earlier test's instance, gone since, would make the next definitions load fail
+    ("undefined DagsterInstance weakref")."""
+    from dagster._core.storage.defs_state.base import _current_storage
+
+    _current_storage.set(None)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test gets its own $DAGSTER_HOME, and no webserver to reload."""
     home = tmp_path / "dagster_home"
     home.mkdir()
+    _forget_dagster_state_storage()
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     monkeypatch.setenv("OAIPMH_DAGSTER_WEBSERVER", "http://127.0.0.1:9")
     return home

@@ -66,19 +66,23 @@ def build_definitions(
 @dg.definitions
 def defs() -> dg.Definitions:
     """Entry point of the code location (workspace.yaml: module oaipmh_dagster.definitions)."""
-    context = DefinitionsLoadContext.get()
+    # Dagster sets the load context when it loads a code location; a direct call (tests,
+    # scripts) has none, and creating one would touch global instance state.
+    context = DefinitionsLoadContext.get() if DefinitionsLoadContext.is_set() else None
     stored = None
-    if context.load_type == DefinitionsLoadType.RECONSTRUCTION:
+    if context is not None and context.load_type == DefinitionsLoadType.RECONSTRUCTION:
         stored = context.reconstruction_metadata.get(ROWS_KEY)
     if stored is not None:
         harvesters = [Harvester.from_dict(d) for d in json.loads(stored)]
     else:
         harvesters = load_harvesters()
     rows = json.dumps([h.to_dict() for h in harvesters], sort_keys=True)
-    # Only the load context's pending metadata reaches the repository load data that run
-    # workers are rebuilt from (Dagster 1.13: `with_reconstruction_metadata` alone does not).
-    context.add_to_pending_reconstruction_metadata(ROWS_KEY, rows)
-    built = build_definitions(harvesters, context.code_location_name)
+    if context is not None:
+        # Only the load context's pending metadata reaches the repository load data that
+        # run workers are rebuilt from (`with_reconstruction_metadata` alone does not).
+        context.add_to_pending_reconstruction_metadata(ROWS_KEY, rows)
+    location = context.code_location_name if context is not None else None
+    built = build_definitions(harvesters, location)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.PreviewWarning)  # a documented Dagster API
         return built.with_reconstruction_metadata({ROWS_KEY: rows})
