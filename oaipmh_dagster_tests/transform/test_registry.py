@@ -267,3 +267,10 @@ def test_transform_element_inside_a_page(sickle_dc: dict[str, bytes]) -> None:
     )
     metadata = page.find(".//{http://www.openarchives.org/OAI/2.0/}metadata")
     assert transform_element("oai_dc", metadata[0]) == transform_record("oai_dc", DC)
+
+
+def test_prefix_defaults_agree_with_the_registry() -> None:
+    from oaipmh_dagster.registry import DEFAULT_TRANSFORMERS, default_transformer
+
+    for prefix in [*DEFAULT_TRANSFORMERS, "OAI_DC", "mods", "ese"]:
+        assert default_transformer_for(prefix) == default_transformer(prefix)

@@ -52,6 +52,8 @@ _DOTTED = re.compile(rf"^{_IDENT}(?:\.{_IDENT})*:{_IDENT}(?:\.{_IDENT})*$")
 
 _POSITION_SUFFIX = re.compile(r", line \d+, column \d+$")
 
+# Kept equal to registry.DEFAULT_TRANSFORMERS (the registry, a lower layer, fills a row's
+# default from its own copy; a test holds the two together).
 _PREFIX_DEFAULTS = {
     "oai_dc": "oai_dc",
     "datacite": "datacite",
@@ -60,6 +62,7 @@ _PREFIX_DEFAULTS = {
     "datacite4": "datacite",
     "marc21": "marc21",
     "marcxml": "marc21",
+    "marc": "marc21",
 }
 
 
