@@ -26,7 +26,7 @@ URL = "https://repo.example.org/oai"
 JSON_KEYS = {
     "id", "base_url", "metadata_prefix", "name", "sets", "transformer", "cron", "timezone",
     "enabled", "comment", "timeout", "delay", "max_parallel", "max_retries", "auth_env",
-    "created", "updated",
+    "overlap", "created", "updated",
 }
 
 
@@ -348,3 +348,25 @@ def test_list_rows_survives_undecodable_values(sqlite_url: str) -> None:
     assert [h.id for h in registry.list()] == ["good_a", "good_z"]
     with pytest.raises(InvalidHarvester, match="broken"):
         registry.get("broken")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"base_url": "https://example.org/oai?x=" + "a" * 2048}, "longer than 2048"),
+    ({"metadata_prefix": "p" * 256}, "longer than 255"),
+    ({"auth_env": "A" * 256}, "longer than 255"),
+    ({"sets": ["s" * 256]}, "longer than 255"),
+    ({"transformer": "t" * 256}, "longer than 255"),
+    ({"overlap": -1}, "overlap"),
+    ({"overlap": 31 * 86400}, "overlap"),
+    ({"overlap": 1.5}, "overlap"),
+])
+def test_values_over_column_sizes_are_refused_at_input(changes: dict, message: str) -> None:
+    with pytest.raises(InvalidHarvester, match=message):
+        make(**changes)
+
+
+def test_overlap_round_trips(registry: Registry) -> None:
+    registry.add(make(overlap=3600))
+    assert registry.get("zenodo").overlap == 3600
+    registry.update("zenodo", overlap=None)
+    assert registry.get("zenodo").overlap is None

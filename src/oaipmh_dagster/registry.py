@@ -22,6 +22,10 @@ PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9\-_.!~*'()]+$")
 SET_SPEC_PATTERN = re.compile(r"^[A-Za-z0-9\-_.!~*'()]+(:[A-Za-z0-9\-_.!~*'()]+)*$")
 TRANSFORMER_PATTERN = re.compile(r"^([a-z0-9_]+|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$")
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Column sizes, checked at input so a value never fails at the database.
+MAX_URL = 2048
+MAX_SHORT = 255
+MAX_OVERLAP = 30 * 86400
 
 DEFAULT_TRANSFORMERS = {
     "oai_dc": "oai_dc",
@@ -52,6 +56,7 @@ harvester_table = sa.Table(
     sa.Column("max_parallel", sa.Integer, nullable=False),
     sa.Column("max_retries", sa.Integer, nullable=False),
     sa.Column("auth_env", sa.String(255), nullable=True),
+    sa.Column("overlap", sa.Integer, nullable=True),
     sa.Column("created", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated", sa.DateTime(timezone=True), nullable=False),
 )
@@ -101,6 +106,10 @@ class Harvester:
     max_parallel: int = 1
     max_retries: int = 5
     auth_env: str | None = None
+    # Seconds to ask before since (None: one granule at day granularity, OVERLAP_SECONDS
+    # at seconds granularity), so records whose datestamps trail the server's clock are
+    # still asked for.
+    overlap: int | None = None
     created: datetime | None = field(default=None, compare=False)
     updated: datetime | None = field(default=None, compare=False)
 
@@ -164,6 +173,8 @@ def validate_id(value: str) -> str:
 
 def validate_url(value: str) -> str:
     """Check an endpoint URL: http(s), a host, no fragment, no credentials."""
+    if isinstance(value, str) and len(value) > MAX_URL:
+        raise InvalidHarvester(f"base URL is longer than {MAX_URL} characters ({len(value)})")
     try:
         parts = urlsplit(value)
         _ = parts.port
@@ -209,13 +220,19 @@ def validate(h: Harvester) -> None:
     """Validate every field of `h`; raise `InvalidHarvester` naming the first bad one."""
     validate_id(h.id)
     validate_url(h.base_url)
+    if len(h.metadata_prefix or "") > MAX_SHORT:
+        raise InvalidHarvester(f"metadata prefix is longer than {MAX_SHORT} characters")
     if not PREFIX_PATTERN.fullmatch(h.metadata_prefix or ""):
         raise InvalidHarvester(f"invalid metadata prefix {h.metadata_prefix!r}")
     for spec in h.sets:
         if not isinstance(spec, str) or not SET_SPEC_PATTERN.fullmatch(spec):
             raise InvalidHarvester(f"invalid set spec {spec!r}")
+        if len(spec) > MAX_SHORT:
+            raise InvalidHarvester(f"set spec is longer than {MAX_SHORT} characters")
     if len(set(h.sets)) != len(h.sets):
         raise InvalidHarvester("a set is listed twice")
+    if len(h.transformer) > MAX_SHORT:
+        raise InvalidHarvester(f"transformer is longer than {MAX_SHORT} characters")
     if not TRANSFORMER_PATTERN.fullmatch(h.transformer):
         raise InvalidHarvester(
             f"invalid transformer {h.transformer!r}: a built-in name or 'package.module:function'"
@@ -230,10 +247,21 @@ def validate(h: Harvester) -> None:
         raise InvalidHarvester(f"max_parallel must be in [1, 32], not {h.max_parallel}")
     if not 0 <= h.max_retries <= 50:
         raise InvalidHarvester(f"max_retries must be in [0, 50], not {h.max_retries}")
+    if h.auth_env is not None and len(h.auth_env) > MAX_SHORT:
+        raise InvalidHarvester(f"--auth-env name is longer than {MAX_SHORT} characters")
     if h.auth_env is not None and not ENV_NAME_PATTERN.fullmatch(h.auth_env):
         raise InvalidHarvester(f"invalid environment variable name {h.auth_env!r}")
-    if len(h.name) > 255:
-        raise InvalidHarvester("name is longer than 255 characters")
+    if h.overlap is not None and (
+        isinstance(h.overlap, bool) or not isinstance(h.overlap, int)
+        or not 0 <= h.overlap <= MAX_OVERLAP
+    ):
+        raise InvalidHarvester(
+            f"overlap must be a whole number of seconds in [0, {MAX_OVERLAP}], not {h.overlap!r}"
+        )
+    if len(h.name) > MAX_SHORT:
+        raise InvalidHarvester(f"name is longer than {MAX_SHORT} characters")
+    if h.cron is not None and len(h.cron) > MAX_SHORT:
+        raise InvalidHarvester(f"cron expression is longer than {MAX_SHORT} characters")
 
 
 def _row_values(h: Harvester) -> dict[str, Any]:
