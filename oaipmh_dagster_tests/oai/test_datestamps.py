@@ -41,7 +41,7 @@ def test_parse_datestamp(text, expected):
 
 @pytest.mark.parametrize(
     "text",
-    ["aaaa-bb-cc", "", "2020-13-01", "2020-02-30", "20200101", "2020-01-01T25:00:00Z", "yesterday"],
+    ["aaaa-bb-cc", "", "2020-13-01", "2020-02-30", "2020011", "2020-01-01T25:00:00Z", "yesterday"],
 )
 def test_parse_datestamp_junk(text):
     with pytest.raises(DataError, match="datestamp"):

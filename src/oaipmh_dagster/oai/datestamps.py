@@ -19,13 +19,18 @@ __all__ = [
 
 _log = logging.getLogger("oaipmh_dagster.oai")
 
+# The forms servers send: extended (2021-03-11T10:00:00Z) or basic (20210311T100000Z)
+# dates and times, ``T``, ``t`` or a space between, fractional seconds, a numeric offset,
+# ``Z``, ``UTC`` or ``GMT`` or no zone (UTC). ASCII digits only.
 _DATESTAMP = re.compile(
     r"""^\s*
-    (?P<y>\d{4})-(?P<m>\d{2})-(?P<d>\d{2})
-    (?:[Tt\ ]
-        (?P<H>\d{2}):(?P<M>\d{2})(?::(?P<S>\d{2})(?:[.,](?P<f>\d+))?)?
-        \s*(?P<tz>[Zz]|[+-]\d{2}(?::?\d{2})?)?
+    (?P<y>[0-9]{4})(?P<dash>-?)(?P<m>[0-9]{2})(?P=dash)(?P<d>[0-9]{2})
+    (?:
+        (?:[Tt]|\ +)
+        (?P<H>[0-9]{2})(?P<colon>:?)(?P<M>[0-9]{2})
+        (?:(?P=colon)(?P<S>[0-9]{2})(?:[.,](?P<f>[0-9]+))?)?
     )?
+    \s*(?P<tz>[Zz]|UTC|GMT|[+-][0-9]{2}(?::?[0-9]{2})?)?
     \s*$""",
     re.VERBOSE,
 )
@@ -58,26 +63,34 @@ def to_utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
+def _zone(text: str | None) -> timezone:
+    if not text or text in ("Z", "z", "UTC", "GMT"):
+        return UTC
+    sign = -1 if text[0] == "-" else 1
+    digits = text[1:].replace(":", "")
+    hours, minutes = int(digits[:2]), int(digits[2:4] or 0)
+    if minutes > 59:
+        raise ValueError(f"offset minutes out of range: {text}")
+    return timezone(sign * timedelta(hours=hours, minutes=minutes))
+
+
 def _parse(text: str) -> datetime | None:
     m = _DATESTAMP.match(text)
     if m is None:
         return None
     try:
-        year, month, day = int(m["y"]), int(m["m"]), int(m["d"])
+        tz = _zone(m["tz"])
+        day = datetime(int(m["y"]), int(m["m"]), int(m["d"]), tzinfo=tz)
         if m["H"] is None:
-            return datetime(year, month, day, tzinfo=UTC)
+            return day.astimezone(UTC)
+        hour, minute, second = int(m["H"]), int(m["M"]), int(m["S"] or 0)
         micro = int((m["f"] or "0")[:6].ljust(6, "0"))
-        tz: timezone = UTC
-        offset = m["tz"]
-        if offset and offset not in "Zz":
-            sign = -1 if offset[0] == "-" else 1
-            digits = offset[1:].replace(":", "")
-            minutes = int(digits[:2]) * 60 + int(digits[2:4] or 0)
-            tz = timezone(sign * timedelta(minutes=minutes))
-        dt = datetime(
-            year, month, day, int(m["H"]), int(m["M"]), int(m["S"] or 0), micro, tzinfo=tz
+        if hour == 24 and minute == second == micro == 0:  # ISO 8601 end of day
+            return (day + timedelta(days=1)).astimezone(UTC)
+        second = 59 if second == 60 else second  # a leap second
+        return day.replace(hour=hour, minute=minute, second=second, microsecond=micro).astimezone(
+            UTC
         )
-        return dt.astimezone(UTC)
     except (ValueError, OverflowError):
         return None
 
@@ -85,9 +98,10 @@ def _parse(text: str) -> datetime | None:
 def parse_datestamp(text: str) -> datetime:
     """Parse an OAI-PMH datestamp into an aware UTC datetime.
 
-    Tolerates day and second granularity, fractional seconds, a space instead of
-    ``T`` and numeric offsets (a missing zone is UTC). Raises :class:`DatestampError`
-    (a ``ValueError``) on anything else.
+    Tolerates day and second granularity, the basic form (``20210311``,
+    ``20210311T100000Z``), fractional seconds, a space instead of ``T``, numeric offsets
+    and ``UTC``/``GMT`` (a missing zone is UTC), ``24:00:00`` and a leap second. Raises
+    :class:`DatestampError` (a ``ValueError``) on anything else.
     """
     if not isinstance(text, str):
         raise DatestampError(f"datestamp must be a string, not {type(text).__name__}")
