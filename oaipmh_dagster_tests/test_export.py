@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import io
 import json
-from collections.abc import Iterator
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -12,7 +21,7 @@ import pytest
 from oaipmh_dagster import cli, db
 from oaipmh_dagster.demo.dataset import make_dataset
 from oaipmh_dagster.demo.server import OAIServer
-from oaipmh_dagster.export import export, flatten
+from oaipmh_dagster.export import FORMATS, export, flatten
 from oaipmh_dagster.registry import Harvester, Registry
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.test_store import rec, title_of
@@ -199,3 +208,242 @@ def test_export_after_real_harvest(capsys: pytest.CaptureFixture[str], database_
         assert all(json.loads(frame["metadata"].iloc[i])["title"] for i in live)
     else:
         assert all(frame["metadata"].iloc[i]["title"] for i in live)
+
+
+# -- where the export is written ------------------------------------------------------
+
+ERROR = "oaipmh-dagster: error: "
+
+
+def one_error_line(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {err!r}"
+    assert lines[0].startswith(ERROR), lines[0]
+    return lines[0]
+
+
+def folder(tmp_path: Path) -> Path:
+    """An empty folder of its own (tmp_path also holds the database and the Dagster home)."""
+    path = tmp_path / "out"
+    path.mkdir()
+    return path
+
+
+def empty_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty working directory: shows whether a file named '-' was written."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    return cwd
+
+
+def csv_ids(text: str) -> list[str]:
+    return list(pd.read_csv(io.StringIO(text), keep_default_na=False)["oai_identifier"])
+
+
+def test_export_through_a_symlink(capsys: pytest.CaptureFixture[str], stored: Store,
+                                  tmp_path: Path) -> None:
+    tmp_path = folder(tmp_path)
+    target = tmp_path / "real.csv"
+    target.write_text("previous\n")
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    code, _, err = run(capsys, "export", "h", "--format", "csv", "--output", str(link))
+    assert code == 0, err
+    assert link.is_symlink() and link.resolve() == target
+    assert csv_ids(target.read_text()) == ["a", "b", "c", "d"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.csv", "real.csv"]
+
+
+def test_export_through_a_dangling_symlink(capsys: pytest.CaptureFixture[str], stored: Store,
+                                           tmp_path: Path) -> None:
+    tmp_path = folder(tmp_path)
+    target = tmp_path / "new.jsonl"
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(target)
+    code, _, err = run(capsys, "export", "h", "--format", "jsonl", "--output", str(link))
+    assert code == 0, err
+    assert link.is_symlink() and target.is_file()
+    assert len(target.read_text().splitlines()) == 4
+
+
+def test_export_to_a_character_device(capsys: pytest.CaptureFixture[str], stored: Store,
+                                      tmp_path: Path) -> None:
+    """A device (here a private copy of /dev/null) is written in place, never replaced."""
+    tmp_path = folder(tmp_path)
+    device = tmp_path / "null"
+    try:
+        os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        device.write_text("probe")
+    except OSError as exc:
+        pytest.skip(f"cannot make a character device here: {exc}")
+    for fmt in FORMATS:
+        code, _, err = run(capsys, "export", "h", "--format", fmt, "--output", str(device))
+        assert code == 0, err
+        assert stat.S_ISCHR(device.stat().st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null"]
+
+
+def test_export_to_dev_null(capsys: pytest.CaptureFixture[str], stored: Store) -> None:
+    code, out, err = run(capsys, "export", "h", "--format", "csv", "--output", os.devnull)
+    assert code == 0, err
+    assert "wrote 4 records" in out
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+
+
+def test_export_to_a_named_pipe(capsys: pytest.CaptureFixture[str], stored: Store,
+                                tmp_path: Path) -> None:
+    tmp_path = folder(tmp_path)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+
+    def read() -> None:
+        with fifo.open("rb") as fh:
+            received.append(fh.read())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    code, _, err = run(capsys, "export", "h", "--format", "jsonl", "--output", str(fifo))
+    reader.join(timeout=10)
+    assert code == 0, err
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert not reader.is_alive(), "nothing was written into the pipe"
+    lines = received[0].decode().splitlines()
+    assert [json.loads(line)["oai_identifier"] for line in lines] == ["a", "b", "c", "d"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_export_to_stdout(capsys: pytest.CaptureFixture[str], stored: Store, tmp_path: Path,
+                          monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
+    cwd = empty_cwd(tmp_path, monkeypatch)
+    code, out, err = run(capsys, "export", "h", "--format", fmt, "--output", "-")
+    assert code == 0, err
+    if fmt == "csv":
+        assert csv_ids(out) == ["a", "b", "c", "d"]
+    else:
+        assert [json.loads(line)["oai_identifier"] for line in out.splitlines()] == [
+            "a", "b", "c", "d"]
+    assert "wrote 4 records" in err  # the summary stays out of the data
+    assert list(cwd.iterdir()) == []  # no file named '-'
+
+
+def test_export_parquet_to_stdout(capsysbinary: pytest.CaptureFixture[bytes], stored: Store,
+                                  tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cwd = empty_cwd(tmp_path, monkeypatch)
+    with pytest.raises(SystemExit) as done:
+        cli.main(["export", "h", "--format", "parquet", "--output", "-"])
+    captured = capsysbinary.readouterr()
+    assert (done.value.code or 0) == 0, captured.err
+    frame = pd.read_parquet(io.BytesIO(captured.out))
+    assert list(frame["oai_identifier"]) == ["a", "b", "c", "d"]
+    assert list(cwd.iterdir()) == []
+
+
+def test_export_parquet_to_a_terminal_is_refused(
+        capsys: pytest.CaptureFixture[str], stored: Store, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cwd = empty_cwd(tmp_path, monkeypatch)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    code, out, err = run(capsys, "export", "h", "--format", "parquet", "--output", "-")
+    assert code == 2
+    assert "terminal" in one_error_line(err)
+    assert out == "" and list(cwd.iterdir()) == []
+
+
+def test_export_replaces_a_regular_file_keeping_its_mode(
+        capsys: pytest.CaptureFixture[str], stored: Store, tmp_path: Path) -> None:
+    path = tmp_path / "out.csv"
+    path.write_text("previous\n")
+    path.chmod(0o640)
+    before = path.stat().st_ino
+    code, _, err = run(capsys, "export", "h", "--format", "csv", "--output", str(path))
+    assert code == 0, err
+    assert path.stat().st_ino != before  # a new file renamed into place
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert csv_ids(path.read_text()) == ["a", "b", "c", "d"]
+    new = tmp_path / "new.csv"
+    assert run(capsys, "export", "h", "--format", "csv", "--output", str(new))[0] == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(new.stat().st_mode) == 0o666 & ~umask  # not a private temp file's
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """Mount small tmpfs file systems (root only; skips where mounting is not allowed)."""
+    mounted: list[Path] = []
+
+    def mount(name: str, *options: str) -> Path:
+        point = tmp_path / name
+        point.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs",
+                               str(point)], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounted.append(point)
+        return point
+
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+@pytest.fixture
+def many(database_url: str) -> Store:
+    """Harvester `big` with records far larger than 64 KiB in any format."""
+    store = Store(db.get_engine(database_url))
+    def noise(raw: str, element: object = None) -> dict:
+        return {"title": "".join(hashlib.sha256(f"{raw}{k}".encode()).hexdigest()
+                                 for k in range(4))}  # does not compress away
+
+    store.upsert_page("big", [rec(f"oai:big:{i:04d}") for i in range(2000)], run_id="r1",
+                      transform=noise)
+    return store
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "jsonl"])
+def test_export_onto_a_full_disk(capsys: pytest.CaptureFixture[str], many: Store,
+                                 tiny_tmpfs: Callable[..., Path], fmt: str) -> None:
+    disk = tiny_tmpfs("full", "size=64k")
+    (disk / "keep.txt").write_text("previous\n")
+    for name in ("new", "keep.txt"):
+        code, out, err = run(capsys, "export", "big", "--format", fmt, "--output",
+                             str(disk / name))
+        assert code == 1
+        assert "No space left on device" in one_error_line(err)
+        assert out == ""
+        assert sorted(p.name for p in disk.iterdir()) == ["keep.txt"]  # no partial, no temp
+        assert (disk / "keep.txt").read_text() == "previous\n"
+
+
+def test_export_full_disk_simulated(capsys: pytest.CaptureFixture[str], stored: Store,
+                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same without a tmpfs: flushing the written data to disk fails with ENOSPC."""
+    def no_space(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    (folder / "keep.csv").write_text("previous\n")
+    monkeypatch.setattr(os, "fsync", no_space)
+    for name in ("new.csv", "keep.csv"):
+        code, _, err = run(capsys, "export", "h", "--format", "csv", "--output",
+                           str(folder / name))
+        assert code == 1
+        assert "No space left on device" in one_error_line(err)
+        assert sorted(p.name for p in folder.iterdir()) == ["keep.csv"]
+        assert (folder / "keep.csv").read_text() == "previous\n"
+
+
+def test_export_to_a_read_only_place(capsys: pytest.CaptureFixture[str], stored: Store,
+                                     tiny_tmpfs: Callable[..., Path]) -> None:
+    place = tiny_tmpfs("ro", "size=64k", "ro")
+    code, out, err = run(capsys, "export", "h", "--format", "csv", "--output",
+                         str(place / "out.csv"))
+    assert code == 1
+    assert "Read-only file system" in one_error_line(err)
+    assert out == "" and list(place.iterdir()) == []

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -416,17 +415,23 @@ def records(harvester_id: str, errors_only: bool, as_json: bool, limit: int | No
 @cli.command()
 @click.argument("harvester_id", metavar="ID")
 @click.option("--format", "fmt", type=click.Choice(["parquet", "csv", "jsonl"]), required=True)
-@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), required=True)
-def export(harvester_id: str, fmt: str, output: Path) -> None:
+@click.option("--output", required=True, metavar="PATH",
+              help="A file (replaced only when the export succeeds), a device or a named "
+              "pipe (written in place), a symlink to one of them, or '-' for stdout.")
+def export(harvester_id: str, fmt: str, output: str) -> None:
     """Export the records of a harvester."""
+    from oaipmh_dagster.export import STDOUT, BadDestination, Destination, ExportError
     from oaipmh_dagster.export import export as do_export
     from oaipmh_dagster.store import Store
 
-    if not output.parent.exists():
-        raise UsageProblem(f"directory {output.parent} does not exist")
-    registry = _registry()
-    n = do_export(Store(registry.engine), harvester_id, fmt, output)
-    click.echo(f"wrote {n} records of {harvester_id} to {output}")
+    try:
+        Destination.resolve(output, fmt)  # before the database is touched
+        n = do_export(Store(_registry().engine), harvester_id, fmt, output)
+    except BadDestination as exc:
+        raise UsageProblem(str(exc)) from exc
+    except ExportError as exc:
+        raise Failure(str(exc)) from exc
+    click.echo(f"wrote {n} records of {harvester_id} to {output}", err=output == STDOUT)
 
 
 @cli.command()

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import json
-from collections.abc import Iterator
+import os
+import stat
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from oaipmh_dagster.store import Store
 
 FORMATS = ("parquet", "csv", "jsonl")
+STDOUT = "-"
 BATCH = 10_000
+BUFFER = 1 << 20
 
 
 def flatten(item: dict[str, Any], *, max_len: int | None = None) -> dict[str, Any]:
@@ -45,41 +55,169 @@ def _batches(store: Store, harvester_id: str) -> Iterator[list[dict[str, Any]]]:
         yield batch
 
 
-def export(store: Store, harvester_id: str, fmt: str, output: Path) -> int:
-    """Write every record of a harvester to `output`; returns the number written.
+class ExportError(Exception):
+    """The export could not be written; nothing was left behind at the destination."""
 
-    Written to a temporary file first, renamed on success: a failure leaves nothing."""
+
+class BadDestination(ExportError):
+    """The destination cannot take an export (bad input: nothing was read or written)."""
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where an export goes: stdout, a device or pipe written in place, or a regular file
+    (existing or not) replaced atomically. A symlink is followed: its target is written."""
+
+    shown: str
+    path: Path | None  # None: stdout
+    in_place: bool = False
+
+    @classmethod
+    def resolve(cls, output: str | os.PathLike[str], fmt: str) -> Destination:
+        """Check `output` before anything is read; raise `BadDestination` or `ExportError`."""
+        shown = os.fspath(output)
+        if shown == STDOUT:
+            if fmt == "parquet" and _isatty(sys.stdout):
+                raise BadDestination("will not write binary parquet to a terminal: "
+                                     "redirect stdout or give --output PATH")
+            return cls(shown, None)
+        path = Path(os.path.realpath(shown))
+        try:
+            mode = path.stat().st_mode
+        except FileNotFoundError:
+            mode = None
+        except OSError as exc:
+            raise ExportError(f"cannot write {shown}: {exc.strerror}") from exc
+        if mode is not None and stat.S_ISDIR(mode):
+            raise BadDestination(f"{shown} is a directory")
+        if mode is not None and (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+                                 or stat.S_ISBLK(mode)):
+            return cls(shown, path, in_place=True)
+        if mode is not None and not stat.S_ISREG(mode):
+            raise BadDestination(f"{shown} is neither a regular file, a device nor a pipe")
+        if not path.parent.is_dir():
+            raise BadDestination(f"directory {path.parent} does not exist")
+        if not os.access(path.parent, os.W_OK | os.X_OK) or (
+                mode is not None and not os.access(path, os.W_OK)):
+            raise ExportError(f"cannot write {shown}: "
+                              f"{os.strerror(_access_errno(path.parent))}")
+        return cls(shown, path)
+
+    @contextmanager
+    def open(self) -> Iterator[BinaryIO]:
+        """A binary file to write; a regular file appears at the path only on success."""
+        if self.path is None:
+            sys.stdout.flush()
+            yield sys.stdout.buffer
+            sys.stdout.buffer.flush()
+        elif self.in_place:
+            with self.path.open("wb") as fh:
+                yield fh
+        else:
+            with _atomic(self.path) as fh:
+                yield fh
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _access_errno(directory: Path) -> int:
+    """EROFS for a read-only file system, else EACCES."""
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return errno.EROFS
+    except OSError:
+        pass
+    return errno.EACCES
+
+
+@contextmanager
+def _atomic(path: Path) -> Iterator[BinaryIO]:
+    """Write a temporary file next to `path` and rename it over `path` on success.
+
+    The result keeps the mode of the file it replaces (a new file gets the umask's)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb", buffering=BUFFER) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, _mode_for(path))
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _mode_for(path: Path) -> int:
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _write_jsonl(items: Iterable[dict[str, Any]], fh: BinaryIO) -> int:
+    n = 0
+    for item in items:
+        fh.write((json.dumps(item, ensure_ascii=False) + "\n").encode("utf-8"))
+        n += 1
+    return n
+
+
+def _write_csv(store: Store, harvester_id: str, fh: BinaryIO) -> int:
     import pandas as pd
 
+    frames = [pd.DataFrame([flatten(i) for i in b]) for b in _batches(store, harvester_id)]
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["oai_identifier", "datestamp", "deleted", "sets", "errors"])
+    text = io.TextIOWrapper(fh, encoding="utf-8", newline="", write_through=True)
+    try:
+        frame.to_csv(text, index=False)
+        text.flush()
+    finally:
+        text.detach()
+    return len(frame)
+
+
+def _write_parquet(store: Store, harvester_id: str, fh: BinaryIO) -> int:
+    import pandas as pd
+
+    rows = []
+    for b in _batches(store, harvester_id):
+        for item in b:
+            rows.append({**item, "metadata": json.dumps(item["metadata"], ensure_ascii=False)
+                         if item["metadata"] is not None else None,
+                         "errors": json.dumps(item["errors"])})
+    frame = pd.DataFrame(rows, columns=["oai_identifier", "datestamp", "deleted", "sets",
+                                        "metadata", "errors", "harvested_at", "run_id"])
+    frame.to_parquet(fh, index=False)
+    return len(frame)
+
+
+def export(store: Store, harvester_id: str, fmt: str, output: str | os.PathLike[str]) -> int:
+    """Write every record of a harvester to `output` ('-' is stdout); returns the count.
+
+    A regular file is written to a temporary file and renamed on success, so a failure
+    leaves the old file (or none); a device or named pipe is written in place; a symlink's
+    target is written. Raises `BadDestination` for an unusable `output` (before reading
+    anything) and `ExportError` when writing fails."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
-    tmp = output.with_name(f".{output.name}.partial")
-    n = 0
+    destination = Destination.resolve(output, fmt)
     try:
-        if fmt == "jsonl":
-            with tmp.open("w", encoding="utf-8") as fh:
-                for item in store.iter_records(harvester_id):
-                    fh.write(json.dumps(item, ensure_ascii=False) + "\n")
-                    n += 1
-        elif fmt == "csv":
-            frames = [pd.DataFrame([flatten(i) for i in b]) for b in _batches(store, harvester_id)]
-            frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
-                columns=["oai_identifier", "datestamp", "deleted", "sets", "errors"])
-            frame.to_csv(tmp, index=False)
-            n = len(frame)
-        else:
-            rows = []
-            for b in _batches(store, harvester_id):
-                for item in b:
-                    rows.append({**item, "metadata": json.dumps(item["metadata"], ensure_ascii=False)
-                                 if item["metadata"] is not None else None,
-                                 "errors": json.dumps(item["errors"])})
-            frame = pd.DataFrame(rows, columns=["oai_identifier", "datestamp", "deleted", "sets",
-                                                "metadata", "errors", "harvested_at", "run_id"])
-            frame.to_parquet(tmp, index=False)
-            n = len(frame)
-        tmp.replace(output)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return n
+        with destination.open() as fh:
+            if fmt == "jsonl":
+                return _write_jsonl(store.iter_records(harvester_id), fh)
+            if fmt == "csv":
+                return _write_csv(store, harvester_id, fh)
+            return _write_parquet(store, harvester_id, fh)
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise ExportError(f"cannot write {destination.shown}: {reason}") from exc
