@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+import traceback
+from datetime import datetime
 from typing import Any, NoReturn
 
 import click
+import sqlalchemy as sa
 
 from oaipmh_dagster import db
 from oaipmh_dagster.registry import (
@@ -83,12 +86,21 @@ def _reload() -> None:
     click.echo(message if done else f"note: {message}", err=not done)
 
 
+class _Settings:
+    """Options of the whole command, set by `cli` and read by `main` on an error."""
+
+    verbose = False
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="oaipmh-dagster")
-def cli() -> None:
+@click.option("--verbose", "-v", is_flag=True, help="Show Dagster's run log and full "
+              "tracebacks on stderr (otherwise an error is one line).")
+def cli(verbose: bool) -> None:
     """OAI-PMH harvesters as a Dagster code location.
 
     The database is $OAIPMH_DATABASE_URL (default: a SQLite file in $DAGSTER_HOME)."""
+    _Settings.verbose = verbose
 
 
 @cli.command()
@@ -341,16 +353,7 @@ def _instance():  # noqa: ANN202 - DagsterInstance, imported lazily
 def harvest(harvester_id: str, since: str | None, until: str | None, full: bool,
             oai_ids: tuple[str, ...], sets: tuple[str, ...], no_resume: bool) -> None:
     """Run the job harvest_oaipmh_records_<ID> in this process on the Dagster instance."""
-    from oaipmh_dagster.oai import parse_user_datetime
-
-    if full and since:
-        raise UsageProblem("--full and --since exclude each other")
-    for label, value in (("since", since), ("until", until)):
-        if value:
-            try:
-                parse_user_datetime(value)
-            except ValueError as exc:
-                raise UsageProblem(f"--{label}: {exc}") from exc
+    _check_run_config(since, until, full, oai_ids, sets)
     try:
         _registry().get(harvester_id)
     except HarvesterNotFound as exc:
@@ -366,17 +369,51 @@ def harvest(harvester_id: str, since: str | None, until: str | None, full: bool,
         config["oai_ids"] = list(oai_ids)
     if sets:
         config["sets"] = list(sets)
-    ok, message = run_harvest_job(_instance(), harvester_id, config)
+    ok, message = run_harvest_job(_instance(), harvester_id, config, verbose=_Settings.verbose)
     if not ok:
-        raise Failure(message)
+        raise Failure(message if _Settings.verbose else
+                      f"{message} (the run's log has the details; --verbose shows them here)")
     click.echo(message)
+
+
+def _check_run_config(since: str | None, until: str | None, full: bool,
+                      oai_ids: tuple[str, ...], sets: tuple[str, ...]) -> None:
+    """Refuse what the run would fail on, before a run exists."""
+    from oaipmh_dagster.registry import SET_SPEC_PATTERN
+
+    if full and since:
+        raise UsageProblem("--full and --since exclude each other")
+    since_dt = _user_datetime("since", since)
+    until_dt = _user_datetime("until", until)
+    if since_dt and until_dt and since_dt > until_dt:
+        raise UsageProblem(f"--since {since} is after --until {until}")
+    for spec in sets:
+        if not SET_SPEC_PATTERN.fullmatch(spec):
+            raise UsageProblem(f"--set: invalid set spec {spec!r}")
+    if any(not oai_id.strip() for oai_id in oai_ids):
+        raise UsageProblem("--oai-id: an OAI identifier cannot be empty")
+
+
+def _user_datetime(label: str, value: str | None) -> datetime | None:
+    """`value` of option `--label` as a UTC datetime (None when not given)."""
+    from oaipmh_dagster.oai import parse_user_datetime
+
+    if not value:
+        return None
+    try:
+        return parse_user_datetime(value)
+    except OverflowError as exc:
+        raise UsageProblem(f"--{label}: {value!r} is out of range once converted to UTC") \
+            from exc
+    except ValueError as exc:
+        raise UsageProblem(f"--{label}: {exc}") from exc
 
 
 @cli.command()
 @click.argument("harvester_id", metavar="ID")
 @click.option("--errors", "errors_only", is_flag=True, help="Only records with errors.")
 @click.option("--json", "as_json", is_flag=True, help="A JSON list of record objects.")
-@click.option("--limit", type=int, help="At most this many records.")
+@click.option("--limit", type=click.IntRange(min=0), help="At most this many records.")
 def records(harvester_id: str, errors_only: bool, as_json: bool, limit: int | None) -> None:
     """Show the stored records of a harvester."""
     from itertools import islice
@@ -456,8 +493,26 @@ def _error(message: object, code: int) -> NoReturn:
     sys.exit(code)
 
 
+def _fail(exc: BaseException, message: object, code: int = 1) -> NoReturn:
+    """One error line; with --verbose, the traceback of what caused it first."""
+    if _Settings.verbose and (exc.__cause__ is not None
+                              or not isinstance(exc, click.ClickException)):
+        traceback.print_exception(exc, file=sys.stderr)
+    _error(message, code)
+
+
+def _stdout_closed() -> None:
+    """The reader of stdout went away: stop Python's own complaint when it flushes at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console entry point: one line on stderr per error, exit 2 (usage) or 1 (failure)."""
+    _Settings.verbose = False
     try:
         cli.main(args=argv, prog_name="oaipmh-dagster", standalone_mode=False)
     except click.exceptions.Abort:
@@ -466,9 +521,19 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except click.UsageError as exc:
         _error(exc.format_message(), 2)
     except click.ClickException as exc:
-        _error(exc.format_message(), exc.exit_code)
+        _fail(exc, exc.format_message(), exc.exit_code)
     except (db.DatabaseError, RegistryError) as exc:
-        _error(exc, 1)
+        _fail(exc, exc)
+    except sa.exc.SQLAlchemyError as exc:
+        _fail(exc, f"database error: {getattr(exc, 'orig', None) or exc}")
+    except BrokenPipeError as exc:
+        _stdout_closed()
+        _fail(exc, "stdout was closed before everything was written")
+    except OSError as exc:
+        _fail(exc, exc)
+    except Exception as exc:  # noqa: BLE001 - the last resort: one line, not a traceback
+        hint = "" if _Settings.verbose else " (--verbose shows the traceback)"
+        _fail(exc, f"unexpected {type(exc).__name__}: {exc}{hint}")
     sys.exit(0)
 
 

@@ -128,6 +128,7 @@ def head_revision() -> str:
 def upgrade(engine: Engine, revision: str = "head") -> str | None:
     """Create or upgrade the tables (idempotent, safe against a concurrent upgrade)."""
     from alembic import command
+    from alembic.util import CommandError
 
     url = engine.url.render_as_string(hide_password=False)
     try:
@@ -143,6 +144,10 @@ def upgrade(engine: Engine, revision: str = "head") -> str | None:
         raise DatabaseError(
             f"cannot reach database {redact(url)}: {str(exc.orig).strip().splitlines()[0]}"
         ) from exc
+    except sa.exc.DBAPIError as exc:  # e.g. a file that is not a SQLite database
+        raise DatabaseError(f"cannot use database {redact(url)}: {exc.orig}") from exc
+    except CommandError as exc:  # e.g. a schema revision newer than this code
+        raise DatabaseError(f"cannot upgrade database {redact(url)}: {exc}") from exc
     if revision == "head":
         _migrated.add(url)
     rev = current_revision(engine)

@@ -13,7 +13,8 @@ from oaipmh_dagster.dagster_parts.assets import op_name
 from oaipmh_dagster.registry import Registry
 
 
-def _printer(stream: Any = sys.stderr) -> Any:
+def _printer(stream: Any = None) -> Any:
+    stream = stream or sys.stderr  # the current one, not the one at import time
     last = [0.0]
     interactive = stream.isatty()
 
@@ -35,17 +36,24 @@ def _printer(stream: Any = sys.stderr) -> Any:
 
 
 def _root_cause(error: Any) -> str:
-    """The innermost error's first line (not Dagster's wrapper)."""
+    """The innermost error's first line (not Dagster's wrapper), its class unqualified."""
     while getattr(error, "cause", None) is not None:
         error = error.cause
-    return error.message.strip().splitlines()[0]
+    line = (error.message.strip().splitlines() or [error.cls_name or "unknown error"])[0]
+    qualified, sep, rest = line.partition(": ")
+    if sep and error.cls_name and qualified.endswith("." + error.cls_name):
+        line = f"{error.cls_name}: {rest}"
+    return line
 
 
 def run_harvest_job(
     instance: dg.DagsterInstance, harvester_id: str, config: dict[str, Any],
-    registry: Registry | None = None,
+    registry: Registry | None = None, verbose: bool = False,
 ) -> tuple[bool, str]:
-    """Execute `harvest_oaipmh_records_<id>` in-process; returns (success, summary line)."""
+    """Execute `harvest_oaipmh_records_<id>` in-process; returns (success, summary line).
+
+    Dagster's console log (with the traceback of a failure) reaches stderr only when
+    `verbose`; the run's event log always has it."""
     from oaipmh_dagster.definitions import build_definitions
 
     registry = registry or Registry()
@@ -61,7 +69,7 @@ def run_harvest_job(
     printer = _printer()
     run_config = {
         "ops": {op_name(h.id): {"config": config}},
-        "loggers": {"console": {"config": {"log_level": "WARNING"}}},
+        "loggers": {"console": {"config": {"log_level": "INFO" if verbose else "CRITICAL"}}},
     }
     with harvest_mod.listening(printer), harvest_mod.listening(collect):
         result = job.execute_in_process(
