@@ -92,7 +92,6 @@ def test_get_records(server):
         ("reset", {}),
         ("truncate", {}),
         ("html", {}),
-        ("malformed", {}),
     ],
 )
 def test_transient_faults_recovered(server, kind, params):
@@ -106,6 +105,15 @@ def test_transient_faults_recovered(server, kind, params):
         assert sleep.waits == [1.0, 1.0]  # the server's Retry-After
     if params.get("headers"):
         assert sleep.waits == [4.0, 4.0]
+
+
+def test_broken_markup_is_not_retried(server):
+    """A whole page with broken markup will not mend itself: one request, a DataError."""
+    server.faults.add("malformed", verb="ListRecords", page=2, times=2)
+    with client_of(server) as client, pytest.raises(DataError, match="not well-formed") as info:
+        list(client.iter_pages("ListRecords", metadata_prefix="oai_dc"))
+    assert client.stats.retries == 0 and not info.value.retryable
+    assert "<unclosed attr=bare>" in str(info.value)
 
 
 def test_persistent_fault_fails_clearly(server):

@@ -164,19 +164,20 @@ def test_client_counts_stripped_chars():
 
 
 @pytest.mark.parametrize(
-    ("body", "message"),
+    ("body", "message", "retryable"),
     [
-        (b"<html><body>Service down</body></html>", "HTML"),
-        (b"<!DOCTYPE html>\n<html><head><title>x</title></head><body><p>x</body></html>", "HTML"),
-        (list_records_xml(["a", "b"])[:-40], "not well-formed"),
-        (b"", "not well-formed"),
-        (b"<foo/>", "not an OAI-PMH response"),
+        (b"<html><body>Service down</body></html>", "HTML", True),
+        (b"<!DOCTYPE html>\n<html><head><title>x</title></head><body><p>x</body></html>", "HTML",
+         True),
+        (list_records_xml(["a", "b"])[:-40], "not well-formed", True),
+        (b"", "not well-formed", True),
+        (b"<foo/>", "not an OAI-PMH response", False),
     ],
 )
-def test_broken_bodies(body, message):
+def test_broken_bodies(body, message, retryable):
     with pytest.raises(DataError, match=message) as info:
         read_envelope(body, url="http://x.test/oai?verb=ListRecords", token="tok-1")
-    assert info.value.retryable
+    assert info.value.retryable is retryable
     assert "http://x.test/oai?verb=ListRecords" in str(info.value)
     assert "tok-1" in str(info.value)
 

@@ -32,6 +32,7 @@ from .errors import (
 )
 from .models import ClientStats, Header, Identify, MetadataFormat, OAISet, Page, Record
 from .parse import (
+    apply_http_charset,
     parse_get_record,
     parse_identify,
     parse_metadata_formats,
@@ -413,6 +414,7 @@ class OAIClient:
                     reason = f"HTTP {status}"
                 else:
                     try:
+                        body = apply_http_charset(body, headers.get("content-type"))
                         return handler(body, shown, status)
                     except DataError as exc:
                         if status >= 400:

@@ -50,6 +50,10 @@ class Record:
     element: Any = field(default=None, repr=False, compare=False)
     """The parsed metadata element (part of its page's tree), so a consumer can use it
     without parsing ``metadata`` again; None when not parsed from a page."""
+    parse_error: dict[str, str] | None = field(default=None, compare=False)
+    """Why part of the record could not be read (its ``metadata`` or an ``about`` was
+    left out, e.g. over the parser's size or depth limits), in the store's error form
+    ``{"type", "message", "location"}``; None when the record was read whole."""
 
     @property
     def identifier(self) -> str:
