@@ -255,3 +255,44 @@ def test_broken_database_in_a_process(tmp_path: Path, monkeypatch: pytest.Monkey
     r = run_process("harvester", "list")
     assert r.code == 1
     assert "f00dfeed" in r.error_line
+
+
+# -- a Dagster home without dagster.yaml (the default ./.dagster_home) --------------------
+
+
+def test_failed_harvest_in_a_bare_home(database_url: str, closed_port_url: str,
+                                       _isolated_home: Path) -> None:
+    """Dagster's advice about a missing dagster.yaml is no error: not on stderr either
+    (its one-time telemetry notice is taken as already shown)."""
+    Registry(db.get_engine()).add(Harvester(id="demo", base_url=closed_port_url,
+                                            metadata_prefix="oai_dc", max_retries=0))
+    (_isolated_home / ".telemetry").mkdir()
+    (_isolated_home / ".telemetry" / "id.yaml").write_text("instance_id: test\n")
+    r = run_process("harvest", "demo")
+    assert r.code == 1
+    assert "Connection refused" in r.error_line
+
+
+# -- more bad input --------------------------------------------------------------------
+
+
+def test_export_to_an_empty_path(run, database_url: str) -> None:
+    r = run("export", "demo", "--format", "csv", "--output", "")
+    assert r.code == 2
+    assert "empty" in r.error_line
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--records", "-5"], "--records"),
+    (["--records", "0"], "--records"),
+    (["--port", "99999"], "--port"),
+    (["--port", "0"], "--port"),
+    (["--oai-port", "70000"], "--oai-port"),
+])
+def test_demo_bad_input(run, database_url: str, argv: list[str], needle: str) -> None:
+    # Every case also names an impossible port, so nothing starts on a fixed one.
+    extra = [] if "--oai-port" in argv else ["--oai-port", "70000"]
+    r = run("demo", "--no-ui", *argv, *extra)
+    assert r.code == 2
+    assert needle in r.error_line
+    assert r.out == ""

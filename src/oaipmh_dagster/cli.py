@@ -6,6 +6,7 @@ and writes nothing."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import traceback
@@ -337,7 +338,14 @@ def _instance():  # noqa: ANN202 - DagsterInstance, imported lazily
     home = db.dagster_home()
     os.environ.setdefault("DAGSTER_HOME", str(home))
     home.mkdir(parents=True, exist_ok=True)
-    return dg.DagsterInstance.get()
+    dagster_log = logging.getLogger("dagster")
+    level = dagster_log.level
+    if not _Settings.verbose:  # Dagster's advice to add a dagster.yaml is not an error
+        dagster_log.setLevel(logging.ERROR)
+    try:
+        return dg.DagsterInstance.get()
+    finally:
+        dagster_log.setLevel(level)
 
 
 @cli.command()
@@ -472,9 +480,12 @@ def export(harvester_id: str, fmt: str, output: str) -> None:
 
 
 @cli.command()
-@click.option("--port", default=3000, show_default=True, help="Port of the Dagster UI.")
-@click.option("--oai-port", default=8765, show_default=True, help="Port of the demo endpoint.")
+@click.option("--port", default=3000, show_default=True, type=click.IntRange(1, 65535),
+              help="Port of the Dagster UI.")
+@click.option("--oai-port", default=8765, show_default=True, type=click.IntRange(0, 65535),
+              help="Port of the demo endpoint (0: any free port).")
 @click.option("--records", "n_records", default=300, show_default=True,
+              type=click.IntRange(min=1),
               help="Records on the demo endpoint.")
 @click.option("--no-ui", is_flag=True, help="Set up and harvest, but do not start the UI.")
 def demo(port: int, oai_port: int, n_records: int, no_ui: bool) -> None:

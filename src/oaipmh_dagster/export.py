@@ -76,6 +76,8 @@ class Destination:
     def resolve(cls, output: str | os.PathLike[str], fmt: str) -> Destination:
         """Check `output` before anything is read; raise `BadDestination` or `ExportError`."""
         shown = os.fspath(output)
+        if not shown:
+            raise BadDestination("the output path is empty (use '-' for stdout)")
         if shown == STDOUT:
             if fmt == "parquet" and _isatty(sys.stdout):
                 raise BadDestination("will not write binary parquet to a terminal: "
