@@ -447,3 +447,17 @@ def test_export_to_a_read_only_place(capsys: pytest.CaptureFixture[str], stored:
     assert code == 1
     assert "Read-only file system" in one_error_line(err)
     assert out == "" and list(place.iterdir()) == []
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_export_to_stdout_whose_reader_goes_away(many: Store, fmt: str) -> None:
+    """`export --output - | head` ends quietly, like other commands whose stdout closes."""
+    proc = subprocess.Popen([sys.executable, "-m", "oaipmh_dagster.cli", "export", "big",
+                             "--format", fmt, "--output", "-"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(10)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1
+    assert err == ""

@@ -512,15 +512,6 @@ def _fail(exc: BaseException, message: object, code: int = 1) -> NoReturn:
     _error(message, code)
 
 
-def _stdout_closed() -> None:
-    """The reader of stdout went away: stop Python's own complaint when it flushes at exit."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):
-        pass
-
-
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console entry point: one line on stderr per error, exit 2 (usage) or 1 (failure)."""
     _Settings.verbose = False
@@ -537,9 +528,6 @@ def main(argv: list[str] | None = None) -> NoReturn:
         _fail(exc, exc)
     except sa.exc.SQLAlchemyError as exc:
         _fail(exc, f"database error: {getattr(exc, 'orig', None) or exc}")
-    except BrokenPipeError as exc:
-        _stdout_closed()
-        _fail(exc, "stdout was closed before everything was written")
     except OSError as exc:
         _fail(exc, exc)
     except Exception as exc:  # noqa: BLE001 - the last resort: one line, not a traceback

@@ -220,6 +220,10 @@ def export(store: Store, harvester_id: str, fmt: str, output: str | os.PathLike[
             if fmt == "csv":
                 return _write_csv(store, harvester_id, fh)
             return _write_parquet(store, harvester_id, fh)
+    except BrokenPipeError:
+        if destination.path is None:
+            raise  # stdout's reader went away (`| head`): the caller ends quietly
+        raise ExportError(f"cannot write {destination.shown}: the reader went away") from None
     except OSError as exc:
         reason = exc.strerror or str(exc) or type(exc).__name__
         raise ExportError(f"cannot write {destination.shown}: {reason}") from exc
