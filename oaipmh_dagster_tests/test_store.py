@@ -16,6 +16,7 @@ from oaipmh_dagster import db
 from oaipmh_dagster.store import (
     STALE_AFTER,
     HarvestInProgress,
+    LeaseLost,
     PageCounts,
     Store,
     record_table,
@@ -235,7 +236,7 @@ def test_empty_page(store: Store) -> None:
 def test_lease_is_exclusive(store: Store) -> None:
     assert store.acquire("h", "run1") is None
     with pytest.raises(HarvestInProgress, match="run1"):
-        store.acquire("h", "run2")
+        store.acquire("h", "run2", wait=False)
     # Other harvesters are independent, and the holder may re-acquire its own lease.
     assert store.acquire("other", "run2") is None
     store.acquire("h", "run1")
@@ -263,13 +264,13 @@ def test_lease_of_dead_process_is_taken_over(store: Store) -> None:
 def test_lease_stale_by_callback_or_silence(store: Store) -> None:
     store.acquire("h", "run1")
     with pytest.raises(HarvestInProgress):
-        store.acquire("h", "run2", is_stale=lambda run_id: False)
+        store.acquire("h", "run2", is_stale=lambda run_id: False, wait=False)
     assert store.acquire("h", "run2", is_stale=lambda run_id: run_id == "run1") is None
     # A holder on another host that has been silent too long.
     with store.engine.begin() as conn:
         conn.execute(state_table.update().values(
             holder="elsewhere:1", heartbeat_at=datetime.now(UTC) - STALE_AFTER * 2))
-    store.acquire("h", "run3")
+    store.acquire("h", "run3", wait=False)
     assert store.state("h")["run_id"] == "run3"
 
 
@@ -304,13 +305,16 @@ def test_checkpoint_saved_with_the_page(store: Store) -> None:
     assert store.state("h")["checkpoint"] == {"token": "p2", "pages": 1}
 
 
-def test_checkpoint_of_a_run_that_lost_its_lease_is_ignored(store: Store) -> None:
+def test_checkpoint_of_a_run_that_lost_its_lease_is_refused(store: Store) -> None:
     store.acquire("h", "run1")
     store.upsert_page("h", [rec("a")], run_id="run1", checkpoint={"token": "old"})
     store.acquire("h", "run2", is_stale=lambda run_id: True)  # run1 is taken over
     store.save_checkpoint("h", "run2", {"token": "new"})
-    store.upsert_page("h", [rec("b")], run_id="run1", checkpoint={"token": "zombie"})
-    store.save_checkpoint("h", "run1", {"token": "zombie"})
+    with pytest.raises(LeaseLost):
+        store.upsert_page("h", [rec("b")], run_id="run1", checkpoint={"token": "zombie"})
+    with pytest.raises(LeaseLost):
+        store.save_checkpoint("h", "run1", {"token": "zombie"})
+    assert "b" not in rows(store)
     assert store.state("h")["checkpoint"] == {"token": "new"}
     store.release("h", "run1", succeeded=True)  # does not end run2's lease
     assert store.state("h")["status"] == "running"

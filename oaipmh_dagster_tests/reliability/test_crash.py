@@ -175,9 +175,10 @@ def test_checkpoint_of_another_window_is_not_resumed(database_url: str,
 
 
 def test_live_lease_blocks_a_second_harvest(database_url: str, server: OAIServer) -> None:
-    """While a live process holds the harvester's lease, another harvest of it is refused
-    before any request; the holder's state is untouched."""
-    store = Store()
+    """While a live process holds the harvester's lease, another harvest of it that may
+    not wait (a store with a wait limit of 0) is refused before any request; the holder's
+    state is untouched. (With the default limit it waits: test_lease.py.)"""
+    store = Store(wait_limit=0)
     store.acquire("r", "holder-run")  # this (live) process holds it
     with pytest.raises(HarvestInProgress, match="holder-run"):
         harvest(_h(server), store, run_id="other", options=FAST)

@@ -234,7 +234,7 @@ def harvest(
     transform_fn = make_transform(h.transformer) if transform else None
     own_client = client is None
     client = client or OAIClient(h.base_url, options or client_options(h), logger=logger)
-    checkpoint = store.acquire(h.id, run_id, is_stale=is_stale)
+    checkpoint = store.acquire(h.id, run_id, is_stale=is_stale, logger=logger)
     ok = False
     logged = 0.0
     try:
@@ -266,7 +266,9 @@ def harvest(
                 pages = _sequential(client, h, args, checkpoint, stats, logger)
         for page, cp in pages:
             counts = store.upsert_page(h.id, page.records, run_id=run_id,
-                                       transform=transform_fn, checkpoint=cp)
+                                       transform=transform_fn, checkpoint=cp,
+                                       metadata_prefix=h.metadata_prefix,
+                                       transformer=h.transformer)
             stats.add_counts(counts)
             stats.pages += 1
             rt = page.resumption_token

@@ -1,16 +1,22 @@
 """The record store: one batch upsert per page, tombstones, errors, queries; and the
 per-harvester harvest state (a lease so two harvests never interleave, and the
-checkpoint of the last committed page)."""
+checkpoint of the last committed page: see `lease`).
+
+Records converge by content: each row keeps a hash of what was harvested (datestamp,
+deletion, sets, raw metadata, and the metadata prefix and transformer that produced the
+stored metadata), so a change that keeps its datestamp is still rewritten. One record's
+bad value costs only that record: the same column limits hold on every database."""
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
 import re
-import socket
+import threading
+import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -18,15 +24,40 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from oaipmh_dagster import db
+from oaipmh_dagster.lease import (
+    HEARTBEAT_EVERY,
+    POLL_EVERY,
+    STALE_AFTER,
+    HarvestInProgress,
+    IsStale,
+    Lease,
+    LeaseLost,
+    Leases,
+    LeaseWaitCancelled,
+    StoreError,
+    state_table,
+)
+
+__all__ = [
+    "DATESTAMP_PLACEHOLDER", "IDENTIFIER_MAX", "STALE_AFTER", "HarvestInProgress",
+    "LeaseLost", "LeaseWaitCancelled", "PageCounts", "Store", "StoreError", "record_table",
+    "state_table", "utc_datestamp",
+]
 
 JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+
+IDENTIFIER_MAX = 1024  # characters of oai_identifier
+DATESTAMP_MAX = 32  # characters of datestamp
+# Stored for a datestamp that cannot be read: it sorts before every real datestamp.
+DATESTAMP_PLACEHOLDER = "0000-01-01T00:00:00Z"
+_SHOWN = 100  # characters of a bad value quoted in counts and errors
 
 record_table = sa.Table(
     "oaipmh_record",
     db.metadata,
     sa.Column("harvester_id", sa.String(48), primary_key=True),
-    sa.Column("oai_identifier", sa.String(1024), primary_key=True),
-    sa.Column("datestamp", sa.String(32), nullable=False),
+    sa.Column("oai_identifier", sa.String(IDENTIFIER_MAX), primary_key=True),
+    sa.Column("datestamp", sa.String(DATESTAMP_MAX), nullable=False),
     sa.Column("deleted", sa.Boolean, nullable=False),
     sa.Column("sets", JSON, nullable=False),
     sa.Column("raw_xml", sa.Text, nullable=True),
@@ -35,6 +66,8 @@ record_table = sa.Table(
     sa.Column("harvested_at", sa.DateTime(timezone=True), nullable=False),
     sa.Column("run_id", sa.String(64), nullable=True),
     sa.Column("transformed_at", sa.DateTime(timezone=True), nullable=True),
+    # NULL: unknown (rows from before 0004, failed transforms): rewritten next time.
+    sa.Column("content_hash", sa.String(32), nullable=True),
 )
 
 # The same table for the write path: JSON columns typed as text, because the store
@@ -48,23 +81,8 @@ _record_write = sa.Table(
                 primary_key=c.primary_key) for c in record_table.columns),
 )
 _UPDATED_COLUMNS = ("datestamp", "deleted", "sets", "raw_xml", "metadata", "errors",
-                    "harvested_at", "run_id", "transformed_at")
+                    "harvested_at", "run_id", "transformed_at", "content_hash")
 _NO_ERRORS = "[]"
-
-state_table = sa.Table(
-    "oaipmh_harvest_state",
-    db.metadata,
-    sa.Column("harvester_id", sa.String(48), primary_key=True),
-    sa.Column("run_id", sa.String(64), nullable=True),
-    sa.Column("status", sa.String(16), nullable=False),
-    sa.Column("holder", sa.String(255), nullable=True),
-    sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
-    sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=True),
-    sa.Column("checkpoint", JSON, nullable=True),
-)
-
-# A lease whose holder has not written for this long is taken over.
-STALE_AFTER = timedelta(minutes=15)
 
 # (raw XML, the already parsed element or None) -> transformed dict
 Transform = Callable[[str, Any], dict[str, Any]]
@@ -81,14 +99,6 @@ class HarvestRecord(Protocol):
 
     header: Any
     metadata: bytes | None
-
-
-class StoreError(RuntimeError):
-    """The store refused an operation."""
-
-
-class HarvestInProgress(StoreError):
-    """Another harvest of the same harvester holds the lease."""
 
 
 @dataclass
@@ -111,6 +121,12 @@ class PageCounts:
         self.failed += other.failed
         self.failed_ids.extend(other.failed_ids[: max(0, 20 - len(self.failed_ids))])
 
+    def fail(self, identifier: str) -> None:
+        """Count one failed record and name it (the first 20)."""
+        self.failed += 1
+        if len(self.failed_ids) < 20:
+            self.failed_ids.append(identifier)
+
 
 def utc_datestamp(dt: datetime) -> str:
     """The store's datestamp form: ISO 8601 UTC to the second with a `Z`."""
@@ -120,20 +136,64 @@ def utc_datestamp(dt: datetime) -> str:
 _CANONICAL = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 
 
-def _store_datestamp(header: Any) -> str:
-    """The header's datestamp in the store's form (as sent when it already is)."""
-    if _CANONICAL.fullmatch(header.datestamp):
-        return header.datestamp
+def _shown(value: str) -> str:
+    """A value short enough to quote in counts and messages."""
+    if len(value) <= _SHOWN:
+        return value
+    return f"{value[:_SHOWN]}... ({len(value)} characters)"
+
+
+def _store_datestamp(header: Any) -> tuple[str, list[dict[str, str]]]:
+    """The header's datestamp in the store's form (as sent when it already is), or the
+    placeholder and an error when it cannot be read."""
+    raw = header.datestamp or ""
+    if _CANONICAL.fullmatch(raw):
+        return raw, []
     when = header.datestamp_utc
-    return utc_datestamp(when) if when is not None else header.datestamp
+    if when is not None:
+        value = utc_datestamp(when)
+        if len(value) <= DATESTAMP_MAX:
+            return value, []
+    return DATESTAMP_PLACEHOLDER, [{
+        "type": "datestamp",
+        "message": f"unreadable datestamp {_shown(raw)!r}; stored as {DATESTAMP_PLACEHOLDER}",
+        "location": "header",
+    }]
+
+
+def _parse_error(rec: Any) -> list[dict[str, Any]]:
+    """The error the page parse attached to a record whose metadata it could not read."""
+    error = getattr(rec, "parse_error", None)
+    if error is None:
+        return []
+    if isinstance(error, dict):
+        return [error]
+    to_dict = getattr(error, "to_dict", None)
+    if callable(to_dict):
+        return [to_dict()]
+    kind = type(error).__name__ if isinstance(error, BaseException) else "metadata"
+    return [{"type": kind, "message": str(error), "location": "metadata"}]
+
+
+def _content_hash(produced: bytes, datestamp: str, deleted: bool, sets: bytes,
+                  metadata: bytes | None) -> str:
+    """What a record's stored row was made from, in 32 hex digits."""
+    h = hashlib.blake2b(produced, digest_size=16)
+    h.update(b"\x1fD" if deleted else b"\x1fL")
+    h.update(datestamp.encode())
+    h.update(b"\x1f")
+    h.update(sets)
+    if metadata is not None:
+        h.update(b"\x1f")
+        h.update(metadata)
+    return h.hexdigest()
+
+
+_MISSING = object()  # no stored row
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def _holder() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _aware(value: datetime | None) -> datetime | None:
@@ -160,10 +220,18 @@ def _apply_transform(
 
 
 class Store:
-    """Records and harvest state of every harvester, on one engine."""
+    """Records and harvest state of every harvester, on one engine.
 
-    def __init__(self, engine: Engine | None = None) -> None:
+    `wait_limit` is the default of `acquire`: None waits as long as a live holder has the
+    lease, 0 never waits, a number waits at most that many seconds."""
+
+    def __init__(
+        self, engine: Engine | None = None, *, wait_limit: float | None = None,
+        poll_every: float = POLL_EVERY, heartbeat_every: float = HEARTBEAT_EVERY,
+    ) -> None:
         self.engine = engine or db.get_engine()
+        self.leases = Leases(self.engine, heartbeat_every=heartbeat_every,
+                             poll_every=poll_every, wait_limit=wait_limit)
         insert = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
         stmt = insert(_record_write)
         self._upsert = stmt.on_conflict_do_update(
@@ -171,11 +239,11 @@ class Store:
             set_={c: stmt.excluded[c] for c in _UPDATED_COLUMNS},
         )
         w = _record_write.c
-        self._existing = sa.select(w.oai_identifier, w.datestamp, w.deleted, w.errors).where(
+        self._existing = sa.select(w.oai_identifier, w.content_hash).where(
             w.harvester_id == sa.bindparam("h"),
             w.oai_identifier.in_(sa.bindparam("ids", expanding=True)),
         )
-        self._sets_json: dict[tuple[str, ...], str] = {}
+        self._sets_json: dict[tuple[str, ...], tuple[str, bytes]] = {}
 
     # -- writes ---------------------------------------------------------------------
 
@@ -187,89 +255,134 @@ class Store:
         run_id: str | None,
         transform: Transform | None = None,
         checkpoint: dict[str, Any] | None = None,
+        metadata_prefix: str = "",
+        transformer: str = "",
     ) -> PageCounts:
         """Write one page in one transaction: new and changed records are transformed and
-        upserted, unchanged ones are left alone; `checkpoint` is saved in the same commit."""
+        upserted, records whose content hash is unchanged are left alone; `checkpoint` is
+        saved in the same commit. `metadata_prefix` and `transformer` name what produced
+        the page's metadata (a change of either rewrites every record). While this store
+        holds `run_id`'s lease the write is fenced: `LeaseLost` when another run took it
+        over, and nothing is written."""
         counts = PageCounts()
         latest: dict[str, HarvestRecord] = {}
         for rec in records:
-            latest[rec.header.identifier] = rec  # a page may repeat an identifier
+            identifier = rec.header.identifier
+            if len(identifier) > IDENTIFIER_MAX:  # enforced here on every database
+                counts.fail(_shown(identifier))
+                continue
+            latest[identifier] = rec  # a page may repeat an identifier
+        produced = f"{metadata_prefix}\x1f{transformer if transform else ''}".encode()
+        lease = self.leases.held(harvester_id, run_id)
         now = _now()
-        dumps = json.dumps
         with self.engine.begin() as conn:
+            if lease is not None:
+                self.leases.fence(conn, lease, checkpoint)
+            elif checkpoint is not None:
+                self.leases.save_checkpoint_in(conn, harvester_id, run_id, checkpoint)
             existing = {}
             if latest:
-                rows = conn.execute(self._existing, {"h": harvester_id, "ids": list(latest)})
-                existing = {r.oai_identifier: r for r in rows}
-            values = []
-            for identifier, rec in latest.items():
-                header = rec.header
-                datestamp = _store_datestamp(header)
-                old = existing.get(identifier)
-                if (
-                    old is not None
-                    and old.datestamp == datestamp
-                    and bool(old.deleted) == header.deleted
-                    and (not old.errors or old.errors == _NO_ERRORS)  # text, or JSON on PG
-                ):
-                    counts.unchanged += 1
-                    continue
-                if header.deleted:
-                    counts.deleted += 1
-                    raw, meta, errors = None, None, []
-                else:
-                    if old is None:
-                        counts.new += 1
-                    else:
-                        counts.updated += 1
-                    raw = rec.metadata.decode("utf-8") if rec.metadata is not None else None
-                    meta, errors = _apply_transform(transform, raw,
-                                                    getattr(rec, "element", None))
-                    if errors:
-                        counts.failed += 1
-                        if len(counts.failed_ids) < 20:
-                            counts.failed_ids.append(identifier)
-                specs = tuple(header.set_specs)
-                sets_json = self._sets_json.get(specs)
-                if sets_json is None:
-                    sets_json = self._sets_json[specs] = dumps(list(specs))
-                values.append(
-                    {
-                        "harvester_id": harvester_id,
-                        "oai_identifier": identifier,
-                        "datestamp": datestamp,
-                        "deleted": header.deleted,
-                        "sets": sets_json,
-                        "raw_xml": raw,
-                        "metadata": None if meta is None else dumps(meta, ensure_ascii=False),
-                        "errors": dumps(errors) if errors else _NO_ERRORS,
-                        "harvested_at": now,
-                        "run_id": run_id,
-                        "transformed_at": now if transform is not None and raw else None,
-                    }
-                )
+                found = conn.execute(self._existing, {"h": harvester_id, "ids": list(latest)})
+                existing = {identifier: digest for identifier, digest in found}
+            values = [
+                v for identifier, rec in latest.items()
+                if (v := self._row(harvester_id, identifier, rec, existing, produced,
+                                   transform, run_id, now, counts)) is not None
+            ]
             if values:
                 conn.execute(self._upsert, values)
-            if checkpoint is not None:
-                self._write_checkpoint(conn, harvester_id, run_id, checkpoint)
         return counts
 
+    def _sets(self, specs: tuple[str, ...]) -> tuple[str, bytes]:
+        """A set list as stored JSON and as hashed bytes (cached: few distinct lists)."""
+        cached = self._sets_json.get(specs)
+        if cached is None:
+            cached = self._sets_json[specs] = (json.dumps(list(specs)),
+                                               "\x1f".join(specs).encode())
+        return cached
+
+    def _row(
+        self, harvester_id: str, identifier: str, rec: HarvestRecord, existing: dict,
+        produced: bytes, transform: Transform | None, run_id: str | None, now: datetime,
+        counts: PageCounts,
+    ) -> dict[str, Any] | None:
+        """The row to upsert for one record (None when its content is unchanged)."""
+        header = rec.header
+        deleted = header.deleted
+        datestamp, errors = _store_datestamp(header)
+        sets_json, sets_key = self._sets(tuple(header.set_specs))
+        metadata = None if deleted else rec.metadata
+        digest = _content_hash(produced, datestamp, deleted, sets_key, metadata)
+        old = existing.get(identifier, _MISSING)
+        if old == digest:
+            counts.unchanged += 1
+            return None
+        raw = meta = transformed_at = None
+        if deleted:
+            counts.deleted += 1
+            errors = []
+        else:
+            if old is _MISSING:
+                counts.new += 1
+            else:
+                counts.updated += 1
+            raw = metadata.decode("utf-8") if metadata is not None else None
+            parsed = _parse_error(rec)
+            if parsed:
+                errors = errors + parsed
+            else:
+                meta, failed = _apply_transform(transform, raw, getattr(rec, "element", None))
+                if transform is not None and raw:
+                    transformed_at = now
+                if failed:
+                    errors = errors + failed
+                    digest = None  # a failed transform is tried again next time
+            if errors:
+                counts.fail(identifier)
+        return {
+            "harvester_id": harvester_id,
+            "oai_identifier": identifier,
+            "datestamp": datestamp,
+            "deleted": deleted,
+            "sets": sets_json,
+            "raw_xml": raw,
+            "metadata": None if meta is None else json.dumps(meta, ensure_ascii=False),
+            "errors": json.dumps(errors) if errors else _NO_ERRORS,
+            "harvested_at": now,
+            "run_id": run_id,
+            "transformed_at": transformed_at,
+            "content_hash": digest,
+        }
+
     def retransform(
-        self, harvester_id: str, transform: Transform, *, run_id: str | None, batch: int = 500
+        self, harvester_id: str, transform: Transform, *, run_id: str, batch: int = 500,
+        is_stale: IsStale | None = None, wait: bool = True,
+        wait_limit: float | None | types.EllipsisType = ...,
+        cancel: threading.Event | None = None, logger: Any = None,
     ) -> PageCounts:
-        """Transform every stored live record of a harvester again from its raw XML."""
+        """Transform every stored live record of a harvester again from its raw XML, under
+        the harvester's lease (taken as `acquire` does, released at the end; the harvest
+        state's status and checkpoint stay as they were)."""
+        lease, _ = self.leases.acquire(harvester_id, run_id, is_stale=is_stale, wait=wait,
+                                       wait_limit=wait_limit, cancel=cancel, logger=logger)
+        try:
+            return self._retransform(lease, transform, batch)
+        finally:
+            self.leases.release(harvester_id, run_id, status=lease.previous_status or "idle",
+                                clear_checkpoint=False)
+
+    def _retransform(self, lease: Lease, transform: Transform, batch: int) -> PageCounts:
         counts = PageCounts()
+        c = record_table.c
         last = ""
         while True:
             with self.engine.begin() as conn:
+                self.leases.fence(conn, lease)
                 rows = conn.execute(
-                    sa.select(record_table.c.oai_identifier, record_table.c.raw_xml)
-                    .where(
-                        record_table.c.harvester_id == harvester_id,
-                        record_table.c.deleted.is_(False),
-                        record_table.c.oai_identifier > last,
-                    )
-                    .order_by(record_table.c.oai_identifier)
+                    sa.select(c.oai_identifier, c.raw_xml)
+                    .where(c.harvester_id == lease.harvester_id, c.deleted.is_(False),
+                           c.oai_identifier > last)
+                    .order_by(c.oai_identifier)
                     .limit(batch)
                 ).all()
                 if not rows:
@@ -279,22 +392,20 @@ class Store:
                 for identifier, raw in rows:
                     meta, errors = _apply_transform(transform, raw)
                     if errors:
-                        counts.failed += 1
-                        if len(counts.failed_ids) < 20:
-                            counts.failed_ids.append(identifier)
+                        counts.fail(identifier)
                     else:
                         counts.updated += 1
-                    updates.append(
-                        {"h": harvester_id, "i": identifier, "m": meta, "e": errors, "t": now}
-                    )
+                    updates.append({"h": lease.harvester_id, "i": identifier, "m": meta,
+                                    "e": errors, "t": now, "ok": not errors})
                 conn.execute(
                     record_table.update()
-                    .where(
-                        record_table.c.harvester_id == sa.bindparam("h"),
-                        record_table.c.oai_identifier == sa.bindparam("i"),
-                    )
+                    .where(c.harvester_id == sa.bindparam("h"),
+                           c.oai_identifier == sa.bindparam("i"))
                     .values(metadata=sa.bindparam("m"), errors=sa.bindparam("e"),
-                            transformed_at=sa.bindparam("t")),
+                            transformed_at=sa.bindparam("t"),
+                            # a failure is tried again by the next harvest
+                            content_hash=sa.case((sa.bindparam("ok", type_=sa.Boolean),
+                                                  c.content_hash), else_=sa.null())),
                     updates,
                 )
                 last = rows[-1][0]
@@ -406,100 +517,33 @@ class Store:
     # -- lease and checkpoint ---------------------------------------------------------
 
     def acquire(
-        self, harvester_id: str, run_id: str, *, is_stale: Callable[[str | None], bool] | None = None
+        self, harvester_id: str, run_id: str, *, is_stale: IsStale | None = None,
+        wait: bool = True, wait_limit: float | None | types.EllipsisType = ...,
+        cancel: threading.Event | None = None, logger: Any = None,
     ) -> dict[str, Any] | None:
         """Take the harvester's lease for `run_id`; return the previous run's checkpoint
-        (None when there is none). Raise `HarvestInProgress` while another live run holds
-        it. A holder is dead when its process on this host is gone, when `is_stale(run_id)`
-        says so (the orchestrator knows the run ended), or after `STALE_AFTER` silence."""
-        now = _now()
-        with self.engine.begin() as conn:
-            if self.engine.dialect.name == "postgresql":
-                conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:h))"),
-                             {"h": harvester_id})
-            row = conn.execute(
-                sa.select(state_table).where(state_table.c.harvester_id == harvester_id)
-            ).mappings().first()
-            if row is None:
-                try:
-                    conn.execute(state_table.insert().values(
-                        harvester_id=harvester_id, run_id=run_id, status="running",
-                        holder=_holder(), started_at=now, heartbeat_at=now, checkpoint=None,
-                    ))
-                except sa.exc.IntegrityError as exc:
-                    raise HarvestInProgress(
-                        f"harvester {harvester_id!r} was taken by another harvest just now"
-                    ) from exc
-                return None
-            if row["status"] == "running" and row["run_id"] != run_id and not self._dead(
-                row, is_stale
-            ):
-                raise HarvestInProgress(
-                    f"harvester {harvester_id!r} is being harvested by run {row['run_id']} "
-                    f"({row['holder']}, since {utc_datestamp(_aware(row['started_at']))}); "
-                    "one harvest per harvester at a time"
-                )
-            result = conn.execute(
-                state_table.update()
-                .where(state_table.c.harvester_id == harvester_id,
-                       state_table.c.started_at == row["started_at"],
-                       state_table.c.status == row["status"])
-                .values(run_id=run_id, status="running", holder=_holder(),
-                        started_at=now, heartbeat_at=now)
-            )
-            if result.rowcount != 1:
-                raise HarvestInProgress(
-                    f"harvester {harvester_id!r} was taken by another harvest just now"
-                )
-            return row["checkpoint"]
-
-    @staticmethod
-    def _dead(row: Any, is_stale: Callable[[str | None], bool] | None) -> bool:
-        host, _, pid = (row["holder"] or "").rpartition(":")
-        if host == socket.gethostname() and pid.isdigit():
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                return True
-            except PermissionError:
-                pass
-        if is_stale is not None and is_stale(row["run_id"]):
-            return True
-        beat = _aware(row["heartbeat_at"])
-        return beat is None or _now() - beat > STALE_AFTER
-
-    def _write_checkpoint(
-        self, conn: sa.Connection, harvester_id: str, run_id: str | None, checkpoint: dict
-    ) -> None:
-        conn.execute(
-            state_table.update()
-            .where(state_table.c.harvester_id == harvester_id, state_table.c.run_id == run_id)
-            .values(checkpoint=checkpoint, heartbeat_at=_now())
-        )
+        (None when there is none). While another live run holds it, wait (logging who
+        holds it) until it is released or its holder is proven dead: its process on this
+        host is gone, `is_stale(run_id)` says the orchestrator saw the run end, or a holder
+        on another host has not heartbeaten for `STALE_AFTER`. `wait=False`, or a
+        `wait_limit` (seconds; default the store's) that runs out, raises
+        `HarvestInProgress`; setting `cancel` raises `LeaseWaitCancelled`. The lease
+        heartbeats from a thread of its own until `release`."""
+        _, checkpoint = self.leases.acquire(harvester_id, run_id, is_stale=is_stale, wait=wait,
+                                            wait_limit=wait_limit, cancel=cancel, logger=logger)
+        return checkpoint
 
     def save_checkpoint(self, harvester_id: str, run_id: str, checkpoint: dict | None) -> None:
-        """Record the position of the last committed page (None clears it)."""
-        with self.engine.begin() as conn:
-            self._write_checkpoint(conn, harvester_id, run_id, checkpoint)
+        """Record the position of the last committed page (None clears it); `LeaseLost`
+        when this store held the run's lease and lost it."""
+        self.leases.save_checkpoint(harvester_id, run_id, checkpoint)
 
     def release(self, harvester_id: str, run_id: str, *, succeeded: bool) -> None:
-        """End the lease: a success clears the checkpoint, a failure keeps it."""
-        values: dict[str, Any] = {"status": "succeeded" if succeeded else "failed",
-                                  "heartbeat_at": _now()}
-        if succeeded:
-            values["checkpoint"] = None
-        with self.engine.begin() as conn:
-            conn.execute(
-                state_table.update()
-                .where(state_table.c.harvester_id == harvester_id,
-                       state_table.c.run_id == run_id)
-                .values(**values)
-            )
+        """End the lease: a success clears the checkpoint, a failure keeps it. A run that
+        lost its lease changes nothing."""
+        self.leases.release(harvester_id, run_id, status="succeeded" if succeeded else "failed",
+                            clear_checkpoint=succeeded)
 
     def state(self, harvester_id: str) -> dict[str, Any] | None:
         """The harvest state row of a harvester (None before its first harvest)."""
-        with self.engine.connect() as conn:
-            row = conn.execute(
-                sa.select(state_table).where(state_table.c.harvester_id == harvester_id)
-            ).mappings().first()
-        return dict(row) if row else None
+        return self.leases.state(harvester_id)

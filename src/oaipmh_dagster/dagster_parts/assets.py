@@ -204,7 +204,7 @@ def run_harvest(
             context.log.info("re-transforming the stored raw XML of %s with %s",
                              h.id, h.transformer)
             result = store.retransform(h.id, harvest_mod.make_transform(h.transformer),
-                                       run_id=context.run_id)
+                                       run_id=context.run_id, logger=context.log)
             counts = {"new": 0, "updated": result.updated, "failed": result.failed,
                       "failed_ids": result.failed_ids}
         yield dg.MaterializeResult(asset_key=records_key, metadata=records_metadata(store, h, counts))

@@ -1,0 +1,246 @@
+"""The harvest lease: a heartbeat of its own, take-over only of a dead holder, fenced page
+writes, and a second harvest that waits for the first. SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from oaipmh_dagster.demo.dataset import make_dataset
+from oaipmh_dagster.demo.server import OAIServer
+from oaipmh_dagster.harvest import Progress, harvest
+from oaipmh_dagster.oai import ClientOptions
+from oaipmh_dagster.registry import Harvester
+from oaipmh_dagster.store import (
+    STALE_AFTER,
+    HarvestInProgress,
+    LeaseLost,
+    LeaseWaitCancelled,
+    Store,
+    state_table,
+)
+from oaipmh_dagster_tests.test_store import rec, rows, title_of
+
+FAST = ClientOptions(max_retries=1, backoff_base=0.01, backoff_max=0.05, read_timeout=5)
+
+
+@pytest.fixture
+def store(database_url: str) -> Store:
+    return Store(poll_every=0.05)
+
+
+def _set_state(store: Store, **values: Any) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(state_table.update().values(**values))
+
+
+def _ago(**delta: float) -> datetime:
+    return datetime.now(UTC) - timedelta(**delta)
+
+
+def _heartbeat(store: Store) -> datetime:
+    beat = store.state("h")["heartbeat_at"]
+    return beat if beat.tzinfo else beat.replace(tzinfo=UTC)
+
+
+# -- take-over only of a dead holder -------------------------------------------------------
+
+
+def test_live_holder_on_this_host_keeps_its_lease_despite_an_old_heartbeat(store: Store) -> None:
+    store.acquire("h", "run1")
+    _set_state(store, heartbeat_at=_ago(hours=2))  # its process (this one) is alive
+    with pytest.raises(HarvestInProgress, match="run1"):
+        Store(store.engine).acquire("h", "run2", wait=False)
+    assert store.state("h")["run_id"] == "run1"
+    # The orchestrator saying the run finished is proof enough.
+    Store(store.engine).acquire("h", "run2", wait=False, is_stale=lambda run: run == "run1")
+    assert store.state("h")["run_id"] == "run2"
+
+
+def test_holder_on_another_host_is_dead_after_the_heartbeat_timeout(store: Store) -> None:
+    assert timedelta(minutes=2) < STALE_AFTER <= timedelta(minutes=10)
+    store.acquire("h", "run1")
+    _set_state(store, holder="elsewhere:1", heartbeat_at=_ago(minutes=1))
+    with pytest.raises(HarvestInProgress, match="elsewhere:1"):
+        store.acquire("h", "run2", wait=False)
+    _set_state(store, heartbeat_at=datetime.now(UTC) - STALE_AFTER - timedelta(seconds=5))
+    store.acquire("h", "run2", wait=False)
+    assert store.state("h")["run_id"] == "run2"
+
+
+def test_heartbeat_runs_between_pages_and_stops_on_release(database_url: str) -> None:
+    store = Store(heartbeat_every=0.05)
+    store.acquire("h", "run1")
+    _set_state(store, heartbeat_at=_ago(hours=1))
+    deadline = time.monotonic() + 5
+    while _heartbeat(store) < _ago(minutes=1) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _heartbeat(store) > _ago(minutes=1)
+    lease = store.leases.held("h", "run1")
+    assert lease is not None and lease.thread is not None and lease.thread.is_alive()
+    store.release("h", "run1", succeeded=True)
+    assert not lease.thread.is_alive()
+    _set_state(store, heartbeat_at=_ago(hours=1))
+    time.sleep(0.3)
+    assert _heartbeat(store) < _ago(minutes=1)
+
+
+def test_a_run_that_lost_its_lease_writes_nothing(store: Store) -> None:
+    store.acquire("h", "run1")
+    store.upsert_page("h", [rec("a")], run_id="run1", checkpoint={"token": "t1"})
+    other = Store(store.engine)
+    other.acquire("h", "run2", is_stale=lambda run: run == "run1")
+    other.upsert_page("h", [rec("a", title="newer")], run_id="run2", transform=title_of,
+                      checkpoint={"token": "t2"})
+    with pytest.raises(LeaseLost, match="run2"):
+        store.upsert_page("h", [rec("a", title="older"), rec("b")], run_id="run1",
+                          transform=title_of, checkpoint={"token": "zombie"})
+    with pytest.raises(LeaseLost):
+        store.save_checkpoint("h", "run1", {"token": "zombie"})
+    assert set(rows(store)) == {"a"} and rows(store)["a"]["metadata"] == {"title": "newer"}
+    store.release("h", "run1", succeeded=True)  # ends nothing of run2's
+    state = store.state("h")
+    assert (state["run_id"], state["status"], state["checkpoint"]) == (
+        "run2", "running", {"token": "t2"})
+
+
+def _harvester(server: OAIServer) -> Harvester:
+    return Harvester(id="h", base_url=server.base_url, metadata_prefix="oai_dc")
+
+
+def test_harvest_whose_lease_is_taken_stops_without_writing(database_url: str) -> None:
+    with OAIServer(make_dataset(300, seed=3, deleted_ratio=0.0), page_size=100) as server:
+        store = Store()
+        thief = Store(store.engine)
+
+        def take_over(event: Progress) -> None:
+            if event.pages == 1:
+                thief.acquire("h", "thief", is_stale=lambda run: run == "victim")
+
+        with pytest.raises(LeaseLost):
+            harvest(_harvester(server), store, run_id="victim", options=FAST,
+                    progress=take_over)
+    assert len(rows(store)) == 100  # the first page only
+    state = store.state("h")
+    assert (state["run_id"], state["status"]) == ("thief", "running")
+
+
+# -- a second harvest waits ------------------------------------------------------------------
+
+
+def test_second_acquire_waits_for_the_holder(store: Store,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    store.acquire("h", "run1")
+    got: list[Any] = []
+    waiter = threading.Thread(
+        target=lambda: got.append(Store(store.engine, poll_every=0.05).acquire("h", "run2")))
+    with caplog.at_level(logging.INFO, logger="oaipmh_dagster"):
+        waiter.start()
+        time.sleep(0.5)
+        assert waiter.is_alive() and store.state("h")["run_id"] == "run1"
+        store.release("h", "run1", succeeded=False)
+        waiter.join(10)
+    assert not waiter.is_alive() and got == [None]
+    assert store.state("h")["run_id"] == "run2"
+    holder = f"{socket.gethostname()}:"
+    assert any("waiting for run run1 (" + holder in r.getMessage()
+               and "to finish its harvest of h" in r.getMessage() for r in caplog.records)
+
+
+def test_wait_limits(store: Store) -> None:
+    store.acquire("h", "run1")
+    t0 = time.monotonic()
+    with pytest.raises(HarvestInProgress, match="run1"):
+        store.acquire("h", "run2", wait=False)
+    with pytest.raises(HarvestInProgress, match="run1"):
+        store.acquire("h", "run2", wait_limit=0)
+    assert time.monotonic() - t0 < 2
+    t0 = time.monotonic()
+    with pytest.raises(HarvestInProgress, match="run1"):
+        store.acquire("h", "run2", wait_limit=0.4)
+    assert 0.4 <= time.monotonic() - t0 < 3
+    with pytest.raises(HarvestInProgress, match="run1"):
+        Store(store.engine, wait_limit=0).acquire("h", "run2")
+    assert store.state("h")["run_id"] == "run1"
+
+
+def test_waiting_stops_promptly_when_cancelled(database_url: str) -> None:
+    store = Store(poll_every=30)
+    store.acquire("h", "run1")
+    cancel = threading.Event()
+    threading.Timer(0.3, cancel.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(LeaseWaitCancelled):
+        store.acquire("h", "run2", cancel=cancel)
+    assert time.monotonic() - t0 < 2
+
+
+def test_waiting_stops_promptly_on_keyboard_interrupt(database_url: str) -> None:
+    store = Store(poll_every=30)
+    store.acquire("h", "run1")
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            store.acquire("h", "run2")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - t0 < 2
+    assert store.state("h")["run_id"] == "run1"
+
+
+def test_second_harvest_waits_and_then_runs(database_url: str) -> None:
+    with OAIServer(make_dataset(150, seed=4, deleted_ratio=0.0), page_size=100) as server:
+        store = Store(poll_every=0.05)
+        store.acquire("h", "holder")
+        results: list[Any] = []
+
+        def run() -> None:
+            try:
+                results.append(harvest(_harvester(server), Store(store.engine, poll_every=0.05),
+                                       run_id="second", options=FAST))
+            except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+                results.append(exc)
+
+        second = threading.Thread(target=run)
+        second.start()
+        time.sleep(0.5)
+        assert second.is_alive() and server.requests == []
+        store.release("h", "holder", succeeded=True)
+        second.join(30)
+    assert not second.is_alive()
+    [stats] = results
+    assert not isinstance(stats, Exception), stats
+    assert stats.new == 150 and store.state("h")["status"] == "succeeded"
+
+
+# -- re-transforming takes the lease ---------------------------------------------------------
+
+
+def test_retransform_takes_and_releases_the_lease(store: Store) -> None:
+    store.upsert_page("h", [rec("a"), rec("b")], run_id="r0")
+    store.acquire("h", "run1")
+    with pytest.raises(HarvestInProgress, match="run1"):
+        store.retransform("h", title_of, run_id="run2", wait=False)
+    assert rows(store)["a"]["metadata"] is None
+    store.save_checkpoint("h", "run1", {"token": "keep"})
+    store.release("h", "run1", succeeded=False)
+    c = store.retransform("h", title_of, run_id="run2", wait=False)
+    assert c.updated == 2 and rows(store)["a"]["metadata"] == {"title": "a"}
+    state = store.state("h")
+    # The harvest's status and checkpoint stay for the next harvest to resume.
+    assert (state["status"], state["checkpoint"]) == ("failed", {"token": "keep"})
+    assert store.acquire("h", "run3", wait=False) == {"token": "keep"}
