@@ -56,7 +56,7 @@ def _batches(store: Store, harvester_id: str) -> Iterator[list[dict[str, Any]]]:
 
 
 class ExportError(Exception):
-    """The export could not be written; nothing was left behind at the destination."""
+    """The export could not be written (a regular file at the destination is untouched)."""
 
 
 class BadDestination(ExportError):
@@ -83,6 +83,11 @@ class Destination:
                 raise BadDestination("will not write binary parquet to a terminal: "
                                      "redirect stdout or give --output PATH")
             return cls(shown, None)
+        return cls._file(shown)
+
+    @classmethod
+    def _file(cls, shown: str) -> Destination:
+        """A path: followed through symlinks, checked for what can be written there."""
         path = Path(os.path.realpath(shown))
         try:
             mode = path.stat().st_mode
