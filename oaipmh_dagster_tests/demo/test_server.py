@@ -496,7 +496,7 @@ def test_paging_survives_updates(client: httpx.Client) -> None:
 
 
 def test_fault_kinds_are_known(server: OAIServer) -> None:
-    assert len(FAULT_KINDS) == 16
+    assert len(FAULT_KINDS) == 17
     with pytest.raises(ValueError):
         server.faults.add("explode")
 
@@ -537,6 +537,19 @@ def test_fault_delay_times_out(server: OAIServer) -> None:
     assert time.monotonic() - t0 < 0.9
     r = httpx.get(server.base_url, params={"verb": "Identify"}, timeout=2)
     assert r.status_code == 200
+
+
+def test_fault_trickle(server: OAIServer) -> None:
+    """`trickle` sends the whole response, `bytes` at a time every `interval` seconds:
+    no read waits long, the response takes long."""
+    server.faults.add("trickle", verb="Identify", bytes=400, interval=0.1)
+    t0 = time.monotonic()
+    r = httpx.get(server.base_url, params={"verb": "Identify"}, timeout=0.5,
+                  headers={"Accept-Encoding": "identity"})
+    assert r.status_code == 200 and b"<repositoryName>" in r.content
+    log = server.requests[-1]
+    assert log.fault == "trickle" and log.bytes_sent == len(r.content)
+    assert time.monotonic() - t0 >= 0.1 * (len(r.content) // 400)
 
 
 def test_fault_truncate_composes_with_paging(server: OAIServer, client: httpx.Client) -> None:

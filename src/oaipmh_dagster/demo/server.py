@@ -74,6 +74,7 @@ FAULT_KINDS = frozenset(
         "billion_laughs",
         "empty_page",
         "malformed",
+        "trickle",
     }
 )
 
@@ -965,13 +966,30 @@ class OAIServer:
                 time.sleep(0.05)
                 _abort(handler)
                 return
-            if padding:
+            if kind == "trickle":
+                self._trickle(handler, body, fp, log)
+            elif padding:
                 self._write_padded(handler, body, padding, str(fp.get("style", "comment")), log)
             else:
                 handler.wfile.write(body)
                 log.bytes_sent = len(body)
         except OSError:
             handler.close_connection = True
+
+    def _trickle(
+        self, handler: _Handler, body: bytes, fp: dict[str, Any], log: RequestLog
+    ) -> None:
+        """Write ``body`` ``bytes`` bytes (default 1) at a time, one write every
+        ``interval`` seconds (default 1.0): no read waits long, yet a page of some
+        kilobytes takes hours."""
+        step = max(1, int(fp.get("bytes", 1)))
+        interval = float(fp.get("interval", 1.0))
+        for start in range(0, len(body), step):
+            if self._stopping.wait(interval):
+                return
+            handler.wfile.write(body[start : start + step])
+            handler.wfile.flush()
+            log.bytes_sent += min(step, len(body) - start)
 
     def _write_padded(
         self, handler: _Handler, body: bytes, padding: int, style: str, log: RequestLog
