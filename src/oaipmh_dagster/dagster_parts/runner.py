@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import dagster as dg
@@ -46,6 +50,33 @@ def _root_cause(error: Any) -> str:
     return line
 
 
+_INTERRUPTS = frozenset({"DagsterExecutionInterruptedError", "KeyboardInterrupt"})
+
+
+def _interrupted(error: Any) -> bool:
+    """Whether a step failed because the process was interrupted (SIGINT, SIGTERM)."""
+    while error is not None:
+        if getattr(error, "cls_name", None) in _INTERRUPTS:
+            return True
+        error = getattr(error, "cause", None)
+    return False
+
+
+@contextmanager
+def _sigterm_as_sigint() -> Iterator[None]:
+    """SIGTERM stops the harvest as Ctrl-C does. Dagster maps SIGTERM to its interrupt
+    handler only while the run executes; before and after, it would kill the process
+    without a word."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_harvest_job(
     instance: dg.DagsterInstance, harvester_id: str, config: dict[str, Any],
     registry: Registry | None = None, verbose: bool = False,
@@ -71,17 +102,21 @@ def run_harvest_job(
         "ops": {op_name(h.id): {"config": config}},
         "loggers": {"console": {"config": {"log_level": "INFO" if verbose else "CRITICAL"}}},
     }
-    with harvest_mod.listening(printer), harvest_mod.listening(collect):
+    with _sigterm_as_sigint(), harvest_mod.listening(printer), harvest_mod.listening(collect):
         result = job.execute_in_process(
             run_config=run_config, instance=instance, raise_on_error=False,
         )
     if not result.success:
-        errors = [
-            _root_cause(ev.event_specific_data.error)
+        failures = [
+            ev.event_specific_data.error
             for ev in result.all_events
             if ev.is_step_failure and ev.event_specific_data is not None
             and getattr(ev.event_specific_data, "error", None) is not None
         ]
+        if any(_interrupted(error) for error in failures):
+            return False, (f"run {result.run_id} interrupted: the harvest stopped; the pages "
+                           "stored so far are kept and the next harvest resumes from them")
+        errors = [_root_cause(error) for error in failures]
         detail = errors[0] if errors else "see the run's logs"
         return False, f"run {result.run_id} failed: {detail}"
     summary = finals[-1].summary() if finals else "records re-transformed"

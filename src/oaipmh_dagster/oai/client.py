@@ -6,21 +6,24 @@ import base64
 import email.utils
 import logging
 import random
+import socket
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from importlib import metadata as _metadata
 from typing import Any, Protocol, TypeVar
 
+import httpcore
 import httpx
 
 from .datestamps import Granularity, format_datestamp
 from .errors import (
     BadResumptionToken,
+    Cancelled,
     CannotDisseminateFormat,
     DataError,
     HTTPStatusError,
@@ -57,6 +60,9 @@ _BACKOFF_STATUSES = frozenset({500, 502, 504})
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _MAX_REDIRECTS = 10
 _GZIP_MAGIC = b"\x1f\x8b"
+DEADLINE_FACTOR = 5
+"""A request's default deadline, in multiples of the read timeout."""
+_POLL = 0.2
 
 
 class LoggerLike(Protocol):
@@ -74,6 +80,11 @@ class ClientOptions:
 
     connect_timeout: float = 10.0
     read_timeout: float = 60.0
+    """Longest wait for any single read from the server."""
+    request_timeout: float | None = None
+    """Longest time one HTTP request may take, from connecting to the last byte of the
+    body (a server that trickles bytes never trips ``read_timeout``). None means
+    ``DEADLINE_FACTOR`` × ``read_timeout``."""
     max_retries: int = 5
     backoff_base: float = 1.0
     backoff_max: float = 60.0
@@ -102,6 +113,15 @@ class ClientOptions:
             raise ValueError("max_response_bytes must be positive")
         if self.auth is not None and self.bearer_token is not None:
             raise ValueError("give either auth (basic) or bearer_token, not both")
+        if self.request_timeout is not None and self.request_timeout <= 0:
+            raise ValueError("request_timeout must be positive")
+
+    @property
+    def deadline(self) -> float:
+        """Seconds one request may take in total."""
+        if self.request_timeout is not None:
+            return self.request_timeout
+        return DEADLINE_FACTOR * self.read_timeout
 
     @property
     def full_user_agent(self) -> str:
@@ -137,11 +157,18 @@ class _Host:
         self.refs = 0
 
     def acquire(
-        self, limit: int, delay: float, clock: Callable[[], float], sleep: Callable[[float], Any]
+        self,
+        limit: int,
+        delay: float,
+        clock: Callable[[], float],
+        sleep: Callable[[float], Any],
+        scope: _CancelScope,
     ) -> None:
         with self.cond:
             while self.active >= limit:
-                self.cond.wait()
+                scope.check()
+                self.cond.wait(_POLL)
+            scope.check()
             self.active += 1
             now = clock()
             start = now
@@ -168,6 +195,208 @@ def _host_state(key: tuple[str, str, int | None]) -> _Host:
         if host is None:
             host = _HOSTS[key] = _Host()
         return host
+
+
+# -- cancellation and deadlines ----------------------------------------------------------
+
+_current = threading.local()
+"""Per thread: ``request``, the request in flight; ``scope``, the cancel scope it belongs to."""
+
+
+class _CancelScope:
+    """Requests (and the waits between them) that are cancelled together.
+
+    Cancelling shuts down the sockets of the requests in flight, so a thread blocked in
+    a read returns at once, and makes every later request or wait raise `Cancelled`.
+    Cancelling a scope cancels its children."""
+
+    def __init__(self, parent: _CancelScope | None = None) -> None:
+        self.parent = parent
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._requests: set[_Request] = set()
+        self._children: set[_CancelScope] = set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def cancel(self) -> None:
+        self._event.set()
+        with self._lock:
+            requests, children = list(self._requests), list(self._children)
+        for request in requests:
+            request.abort()
+        for child in children:
+            child.cancel()
+
+    def child(self) -> _CancelScope:
+        scope = _CancelScope(self)
+        with self._lock:
+            self._children.add(scope)
+        if self.cancelled:
+            scope.cancel()
+        return scope
+
+    def forget(self, child: _CancelScope) -> None:
+        with self._lock:
+            self._children.discard(child)
+
+    def add(self, request: _Request) -> None:
+        with self._lock:
+            self._requests.add(request)
+        if self.cancelled:
+            request.abort()
+
+    def discard(self, request: _Request) -> None:
+        with self._lock:
+            self._requests.discard(request)
+
+    def check(self) -> None:
+        """Raise `Cancelled` once the scope is cancelled."""
+        if self.cancelled:
+            raise Cancelled("cancelled: the harvest is stopping")
+
+    def wait(self, seconds: float) -> None:
+        """Sleep `seconds`, or raise `Cancelled` as soon as the scope is cancelled."""
+        if self._event.wait(max(0.0, seconds)):
+            self.check()
+
+
+class _Request:
+    """One HTTP request in flight: its deadline, the bytes received, its socket."""
+
+    def __init__(self, limit: float) -> None:
+        self.started = time.monotonic()
+        self.limit = limit
+        self.received = 0
+        self.aborted = False
+        self._sock: socket.socket | None = None
+
+    def remaining(self) -> float:
+        return self.started + self.limit - time.monotonic()
+
+    def overdue(self) -> bool:
+        return self.remaining() <= 0
+
+    def describe(self) -> str:
+        """Why the request was given up after its deadline."""
+        elapsed = time.monotonic() - self.started
+        return (
+            f"the server sent {self.received} bytes in {elapsed:.1f} s and did not finish "
+            f"the response within the request deadline of {self.limit:g} s"
+        )
+
+    def attach(self, stream: httpcore.NetworkStream) -> None:
+        """Remember the socket the request uses (a new or a kept-alive connection)."""
+        sock = stream.get_extra_info("socket")
+        if sock is not self._sock:
+            self._sock = sock
+            if self.aborted:
+                self._shutdown()
+
+    def abort(self) -> None:
+        """End the request from any thread: a blocked read returns at once."""
+        self.aborted = True
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        sock = self._sock
+        if sock is not None:
+            with suppress(OSError):
+                # The plain socket's shutdown, also under TLS: wakes a blocked reader.
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+class _DeadlineExceeded(httpx.TimeoutException):
+    """A request outlived its deadline (retried like any timeout)."""
+
+
+class _GuardedStream(httpcore.NetworkStream):
+    """A connection's stream that keeps each read within the current request's deadline
+    and lets the request be aborted from another thread."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def _timeout(self, timeout: float | None, request: _Request | None) -> float | None:
+        if request is None:
+            return timeout
+        request.attach(self._inner)
+        if request.aborted:
+            raise httpcore.ReadError("request cancelled")
+        left = request.remaining()
+        if left <= 0:
+            raise httpcore.ReadTimeout("request deadline exceeded")
+        return left if timeout is None else min(timeout, left)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        request = getattr(_current, "request", None)
+        data = self._inner.read(max_bytes, self._timeout(timeout, request))
+        if request is not None:
+            request.received += len(data)
+        return data
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        request = getattr(_current, "request", None)
+        self._inner.write(buffer, self._timeout(timeout, request))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:
+        request = getattr(_current, "request", None)
+        inner = self._inner.start_tls(ssl_context, server_hostname,
+                                      self._timeout(timeout, request))
+        return _GuardedStream(inner)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _GuardedBackend(httpcore.NetworkBackend):
+    """httpcore's network backend with `_GuardedStream` connections."""
+
+    def __init__(self, inner: httpcore.NetworkBackend) -> None:
+        self._inner = inner
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                    local_address: str | None = None,
+                    socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+        request = getattr(_current, "request", None)
+        if request is not None:
+            left = max(0.001, request.remaining())
+            timeout = left if timeout is None else min(timeout, left)
+        return _GuardedStream(self._inner.connect_tcp(
+            host, port, timeout=timeout, local_address=local_address,
+            socket_options=socket_options))
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Iterable[Any] | None = None
+                            ) -> httpcore.NetworkStream:
+        return _GuardedStream(self._inner.connect_unix_socket(
+            path, timeout=timeout, socket_options=socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def _guard(http: httpx.Client) -> bool:
+    """Route the sockets of `http` through `_GuardedBackend`; False if it cannot be done.
+
+    httpx offers no public way to give its transports an httpcore network backend, so
+    this sets the connection pools' backend attribute; a test holds it to the installed
+    httpx. Without the guard, deadlines are checked between received chunks only."""
+    guarded = False
+    for transport in [http._transport, *http._mounts.values()]:  # noqa: SLF001
+        pool = getattr(transport, "_pool", None)
+        backend = getattr(pool, "_network_backend", None)
+        if isinstance(backend, httpcore.NetworkBackend):
+            if not isinstance(backend, _GuardedBackend):
+                pool._network_backend = _GuardedBackend(backend)  # noqa: SLF001
+            guarded = True
+    return guarded
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -207,7 +436,7 @@ class OAIClient:
         *,
         logger: logging.Logger | LoggerLike | None = None,
         transport: httpx.BaseTransport | None = None,
-        sleep: Callable[[float], Any] = time.sleep,
+        sleep: Callable[[float], Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         options = options or ClientOptions()
@@ -225,6 +454,7 @@ class OAIClient:
         self.stats = ClientStats()
         self._sleep = sleep
         self._clock = clock
+        self._cancel = _CancelScope()
         self._identify: Identify | None = None
         self._identify_lock = threading.Lock()
         self._timeout = httpx.Timeout(
@@ -255,8 +485,29 @@ class OAIClient:
             self._http = httpx.Client(
                 transport=transport, timeout=self._timeout, follow_redirects=False
             )
+        self.guarded = _guard(self._http)
+        """True when reads are held to the request deadline and can be cancelled at once."""
 
     # -- lifecycle -------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """Stop this client's requests in flight (and back-off waits) now; every later
+        request raises `Cancelled`. Safe to call from any thread or a signal handler."""
+        self._cancel.cancel()
+
+    def _scope(self) -> _CancelScope:
+        """The cancel scope of the calling thread's requests (a prefetch thread has its own)."""
+        scope = getattr(_current, "scope", None)
+        return scope if scope is not None and scope.parent is self._cancel else self._cancel
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep between requests; a cancel ends the wait at once."""
+        scope = self._scope()
+        if self._sleep is None:
+            scope.wait(seconds)
+        else:
+            self._sleep(seconds)
+            scope.check()
 
     def close(self) -> None:
         """Release the connection pool (the shared one when its last client closes)."""
@@ -302,7 +553,9 @@ class OAIClient:
             return self._headers
         return {**self._headers, "Authorization": self._auth_header}
 
-    def _read_body(self, resp: httpx.Response, url: str, token: str | None) -> bytes:
+    def _read_body(
+        self, resp: httpx.Response, url: str, token: str | None, request: _Request
+    ) -> bytes:
         limit = self.options.max_response_bytes
         declared = resp.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
@@ -320,6 +573,10 @@ class OAIClient:
                     f"response exceeds the maximum of {limit} bytes", url=url, token=token
                 )
             chunks.append(chunk)
+            if not self.guarded:
+                request.received = resp.num_bytes_downloaded
+                if request.overdue():
+                    raise _DeadlineExceeded(request.describe())
         body = b"".join(chunks)
         if body[:2] == _GZIP_MAGIC:
             body = self._gunzip(body, url, token)
@@ -358,11 +615,15 @@ class OAIClient:
     ) -> tuple[int, bytes, httpx.Headers, str]:
         """One request (following redirects): status, body, headers, display URL."""
         target = self._base.copy_merge_params(params)
+        scope = self._scope()
         for _ in range(_MAX_REDIRECTS + 1):
             shown = redact_url(target)
             self._host.acquire(
-                self.options.max_parallel, self.options.delay, self._clock, self._sleep
+                self.options.max_parallel, self.options.delay, self._clock, self._wait, scope
             )
+            request = _Request(self.options.deadline)
+            scope.add(request)
+            _current.request = request
             try:
                 self.stats.add(requests=1)
                 with self._http.stream(
@@ -377,11 +638,20 @@ class OAIClient:
                         )
                         continue
                     try:
-                        body = self._read_body(resp, shown, token)
+                        body = self._read_body(resp, shown, token, request)
                     finally:
                         self.stats.add(bytes_received=resp.num_bytes_downloaded)
                     return resp.status_code, body, resp.headers, shown
+            except httpx.HTTPError:
+                if request.aborted or scope.cancelled:
+                    raise Cancelled("cancelled: the harvest is stopping", url=shown,
+                                    token=token) from None
+                if request.overdue():
+                    raise _DeadlineExceeded(request.describe()) from None
+                raise
             finally:
+                _current.request = None
+                scope.discard(request)
                 self._host.release()
         raise TransportError(
             f"more than {_MAX_REDIRECTS} redirects", url=self.url_for(params), token=token
@@ -430,6 +700,8 @@ class OAIClient:
                     raise
                 last_error = exc
                 reason = exc.message
+            except _DeadlineExceeded as exc:
+                reason = str(exc)
             except httpx.TimeoutException as exc:
                 reason = f"timeout ({type(exc).__name__})"
             except (httpx.TransportError, httpx.DecodingError) as exc:
@@ -455,7 +727,7 @@ class OAIClient:
             self.log.warning(
                 f"retry {attempt}/{self.options.max_retries} of {where} in {wait:.1f}s: {reason}"
             )
-            self._sleep(wait)
+            self._wait(wait)
 
     # -- verbs -----------------------------------------------------------------------
 
@@ -591,7 +863,7 @@ class OAIClient:
         chain = self._chain(verb, args, resumption_token, fetch, can_restart=can_restart)
         pages = (page for page, _ in chain)
         if self.options.prefetch:
-            yield from _prefetched(pages)
+            yield from _prefetched(pages, self._cancel)
         else:
             yield from pages
 
@@ -797,20 +1069,60 @@ class _LoopDetector:
         return False
 
 
-def _prefetched(pages: Iterator[Page]) -> Iterator[Page]:
-    """Fetch the next page in a background thread while the current one is consumed."""
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="oai-prefetch")
-    future = executor.submit(next, pages, _END)
+class _Ahead:
+    """``next(pages)`` in a daemon thread whose requests belong to ``scope``."""
+
+    def __init__(self, pages: Iterator[Page], scope: _CancelScope) -> None:
+        self._done = threading.Event()
+        self._value: Any = _END
+        self._error: BaseException | None = None
+        self.thread = threading.Thread(
+            target=self._run, args=(pages, scope), name="oai-prefetch", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self, pages: Iterator[Page], scope: _CancelScope) -> None:
+        _current.scope = scope
+        try:
+            self._value = next(pages, _END)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def result(self) -> Any:
+        """The page (or `_END`); raises what the fetch raised. A signal interrupts the wait."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+_JOIN_AFTER_CANCEL = 5.0
+
+
+def _prefetched(pages: Iterator[Page], parent: _CancelScope) -> Iterator[Page]:
+    """Fetch the next page in a background thread while the current one is consumed.
+
+    Leaving early (an error, an interrupt, the consumer stopping) cancels the fetch in
+    flight rather than waiting for it; the thread is a daemon, so even a step that
+    cannot be cut short (name resolution) never holds up the process's exit."""
+    scope = parent.child()
+    ahead = _Ahead(pages, scope)
+    finished = False
     try:
         while True:
-            page = future.result()
+            page = ahead.result()
             if page is _END:
+                finished = True
                 return
-            future = executor.submit(next, pages, _END)
-            yield page  # type: ignore[misc]
+            ahead = _Ahead(pages, scope)
+            yield page
     finally:
-        future.cancel()
-        executor.shutdown(wait=True)
+        if not finished:
+            scope.cancel()
+            ahead.thread.join(_JOIN_AFTER_CANCEL)
+        parent.forget(scope)
         close = getattr(pages, "close", None)
-        if close is not None:
+        if close is not None and not ahead.thread.is_alive():
             close()

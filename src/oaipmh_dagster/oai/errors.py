@@ -19,6 +19,7 @@ __all__ = [
     "ProtocolError",
     "TransportError",
     "HTTPStatusError",
+    "Cancelled",
     "DataError",
     "DatestampError",
     "BadArgument",
@@ -55,6 +56,10 @@ class OAIError(Exception):
 
 class TransportError(OAIError):
     """The request could not be completed (network, timeout, HTTP status, retries)."""
+
+
+class Cancelled(TransportError):
+    """The request was cancelled: the caller is stopping (never retried)."""
 
 
 class HTTPStatusError(TransportError):
