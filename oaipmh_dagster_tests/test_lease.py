@@ -111,6 +111,15 @@ def test_a_run_that_lost_its_lease_writes_nothing(store: Store) -> None:
         "run2", "running", {"token": "t2"})
 
 
+def test_a_page_without_a_checkpoint_keeps_the_last_one(store: Store) -> None:
+    store.acquire("h", "run1")
+    store.upsert_page("h", [rec("a")], run_id="run1", checkpoint={"token": "t1"})
+    store.upsert_page("h", [rec("b")], run_id="run1")  # e.g. the last page of a list
+    assert store.state("h")["checkpoint"] == {"token": "t1"}
+    store.save_checkpoint("h", "run1", None)
+    assert store.state("h")["checkpoint"] is None
+
+
 def _harvester(server: OAIServer) -> Harvester:
     return Harvester(id="h", base_url=server.base_url, metadata_prefix="oai_dc")
 

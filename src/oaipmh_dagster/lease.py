@@ -59,7 +59,7 @@ LOG_WAIT_EVERY = 60.0  # seconds between "waiting for ..." lines
 _SLICE = 0.2  # the longest uninterrupted sleep while waiting
 
 IsStale = Callable[[str | None], bool]
-_KEEP = object()  # "leave the checkpoint as it is"
+KEEP: Any = object()  # `fence`: leave the checkpoint as it is
 
 
 class StoreError(RuntimeError):
@@ -298,13 +298,13 @@ class Leases:
         )
         lease.thread.start()
 
-    def fence(self, conn: sa.Connection, lease: Lease, checkpoint: Any = _KEEP) -> None:
+    def fence(self, conn: sa.Connection, lease: Lease, checkpoint: Any = KEEP) -> None:
         """In the caller's transaction: confirm that `lease` still holds the harvester
         (refreshing its heartbeat, saving `checkpoint` when given), else raise
         `LeaseLost`. Call it before the transaction's other writes."""
         c = state_table.c
         values: dict[str, Any] = {"heartbeat_at": _now()}
-        if checkpoint is not _KEEP:
+        if checkpoint is not KEEP:
             values["checkpoint"] = checkpoint
         n = 0
         if not lease.lost:

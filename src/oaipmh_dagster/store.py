@@ -26,6 +26,7 @@ from sqlalchemy.engine import Engine
 from oaipmh_dagster import db
 from oaipmh_dagster.lease import (
     HEARTBEAT_EVERY,
+    KEEP,
     POLL_EVERY,
     STALE_AFTER,
     HarvestInProgress,
@@ -277,7 +278,7 @@ class Store:
         now = _now()
         with self.engine.begin() as conn:
             if lease is not None:
-                self.leases.fence(conn, lease, checkpoint)
+                self.leases.fence(conn, lease, KEEP if checkpoint is None else checkpoint)
             elif checkpoint is not None:
                 self.leases.save_checkpoint_in(conn, harvester_id, run_id, checkpoint)
             existing = {}
