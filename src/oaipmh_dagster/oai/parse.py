@@ -254,7 +254,10 @@ def _syntax_error(body: bytes, exc: Exception, url: str | None, token: str | Non
         head = body[:256].lstrip()
         if head and head[:1] not in b"<\xef\xfe\xff\x00":
             return DataError(
-                f"response is not XML: {_opening(body)!r}", url=url, token=token, retryable=True
+                f"response is not well-formed XML (not XML at all): {_opening(body)!r}",
+                url=url,
+                token=token,
+                retryable=True,
             )
         if _ends_early(body, exc):
             return DataError(
