@@ -10,13 +10,15 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
+from oaipmh_dagster.demo.dataset import make_dataset
 from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.harvest import harvest
 from oaipmh_dagster.oai import ClientOptions, TransportError
@@ -221,3 +223,60 @@ def test_run_worker_stops_with_a_page_in_flight(
     stats = harvest(_h(server, id="worker"), store, run_id="next", options=FAST)
     assert stats.mode == "resumed"
     assert store.snapshot("worker") == expected_snapshot(server.dataset)
+
+
+# -- a windowed parallel harvest, interrupted ----------------------------------------------
+
+WINDOWED_CHILD = textwrap.dedent("""
+    import sys
+    from oaipmh_dagster.harvest import harvest
+    from oaipmh_dagster.registry import Harvester
+    from oaipmh_dagster.store import Store
+
+    h = Harvester(id="windows", base_url=sys.argv[1], metadata_prefix="oai_dc",
+                  max_parallel=3)
+    try:
+        harvest(h, Store(), run_id="interrupted")
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(1)
+""")
+
+
+@pytest.fixture
+def big_server() -> Iterator[OAIServer]:
+    """3000 records in pages of 100: a list long enough to be cut into windows."""
+    with OAIServer(make_dataset(3000, seed=17, deleted_ratio=0.05), page_size=PAGE) as srv:
+        yield srv
+
+
+def test_windowed_harvest_stops_on_sigint(database_url: str, big_server: OAIServer) -> None:
+    """Three workers page through date windows; every window's second page stalls for
+    ten minutes. Ctrl-C ends the harvest within seconds (the workers' requests are cut,
+    not awaited), the state is `failed` with the windows' checkpoint, and the next run
+    resumes the unfinished windows and completes."""
+    server = big_server
+    store = Store()  # creates the schema before the child starts
+    server.faults.add("delay", verb="ListRecords", page=2, times=None, seconds=600)
+    proc = subprocess.Popen([sys.executable, "-c", WINDOWED_CHILD, server.base_url],
+                            env=_env(database_url), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    try:
+        _wait_for(lambda: sum(r.page == 2 and r.finished is None for r in server.requests) >= 3,
+                  60, "three stalled requests", proc)
+        time.sleep(0.5)
+        elapsed, out = _stop(proc, signal.SIGINT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert elapsed < STOP_WITHIN, f"exited {elapsed:.1f} s after SIGINT:\n{out}"
+    assert proc.returncode == 1 and out.strip().endswith("interrupted"), out
+    state = store.state("windows")
+    assert state["status"] == "failed" and state["checkpoint"]["mode"] == "windowed"
+    assert_consistent(store, "windows", expected_snapshot(server.dataset))
+
+    server.faults.clear()
+    stats = harvest(_h(server, id="windows", max_parallel=3), store, run_id="next",
+                    options=FAST)
+    assert stats.mode == "resumed"
+    assert store.snapshot("windows") == expected_snapshot(server.dataset)

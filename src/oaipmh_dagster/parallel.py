@@ -147,6 +147,10 @@ def harvest_windows(
             yield event
     finally:
         stop.set()
+        if any(t.is_alive() for t in threads):
+            # Stopped early (an error, Ctrl-C): end the workers' requests and back-off
+            # waits instead of waiting for a slow server.
+            client.cancel()
         for t in threads:
             t.join(timeout=30)
 
