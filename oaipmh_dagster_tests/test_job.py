@@ -8,21 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 import pytest
-from dagster._core.remote_origin import (
-    InProcessCodeLocationOrigin,
-    LoadableTargetOrigin,
-    RemoteInstigatorOrigin,
-    RemoteRepositoryOrigin,
-)
-from dagster._core.scheduler.instigation import (
-    InstigatorState,
-    InstigatorStatus,
-    InstigatorType,
-    SensorInstigatorData,
-)
 
+from oaipmh_dagster.dagster_parts import sensors
 from oaipmh_dagster.dagster_parts.assets import asset_keys, op_name
-from oaipmh_dagster.dagster_parts.since import SENSOR_NAME, read_sensor_cursor, resolve_since
+from oaipmh_dagster.dagster_parts.since import resolve_since, set_since
 from oaipmh_dagster.definitions import build_definitions
 from oaipmh_dagster.demo.dataset import ServedRecord, make_dataset
 from oaipmh_dagster.demo.server import OAIServer
@@ -65,27 +54,16 @@ def _mat(result: dg.ExecuteInProcessResult, name: str) -> dg.AssetMaterializatio
     return mats[0].materialization
 
 
-def _set_cursor(instance: dg.DagsterInstance, cursor: str) -> None:
-    origin = RemoteInstigatorOrigin(
-        RemoteRepositoryOrigin(
-            InProcessCodeLocationOrigin(LoadableTargetOrigin(module_name="oaipmh_dagster"
-                                                             ".definitions"), LOCATION),
-            "__repository__"),
-        SENSOR_NAME)
-    state = instance.get_instigator_state(origin.get_id(), origin.get_selector().get_id())
-    data = SensorInstigatorData(cursor=cursor)
-    if state is None:
-        instance.add_instigator_state(InstigatorState(origin, InstigatorType.SENSOR,
-                                                      InstigatorStatus.RUNNING, data))
-    else:
-        instance.update_instigator_state(state.with_data(data))
-
-
 def _tick_sensor(h: Harvester, instance: dg.DagsterInstance, cursor: str | None) -> str:
-    sensor = _defs(h).get_repository_def().get_sensor_def(SENSOR_NAME)
-    ctx = dg.build_sensor_context(instance=instance, cursor=cursor)
-    sensor.evaluate_tick(ctx)
-    return ctx.cursor
+    """One since-sensor evaluation, its observations reported as the daemon does."""
+    tick = sensors.evaluate(instance, cursor, [h], LOCATION)
+    sensors.report(instance, tick)
+    return tick.cursor
+
+
+def _froms(srv: OAIServer) -> list[str]:
+    return [r.params["from"][0] for r in srv.requests
+            if r.verb == "ListRecords" and "from" in r.params]
 
 
 def test_job_materializes_raw_then_records(database_url: str, server: OAIServer,
@@ -126,23 +104,23 @@ def test_records_only_retransforms_without_server(sqlite_url: str, server: OAISe
 def test_since_sensor_advances_only_on_success(sqlite_url: str, server: OAIServer,
                                                instance: dg.DagsterInstance) -> None:
     h = add_harvester("j", server.base_url)
-    server.clock = lambda: datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    server.clock = lambda: datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
     assert _run(h, instance).success
     cursor = _tick_sensor(h, instance, None)
-    assert json.loads(cursor)["since"] == {"j": "2030-01-02T03:04:05Z"}
+    assert json.loads(cursor)["since"] == {"j": "2025-01-02T03:04:05Z"}
     # A failed run (server gone) does not advance it.
-    server.clock = lambda: datetime(2031, 1, 1, tzinfo=UTC)
+    server.clock = lambda: datetime(2025, 6, 1, tzinfo=UTC)
     server.faults.add("status", status=500, times=None)
     failed = _run(h, instance, {"full": True})
     assert not failed.success
     cursor2 = _tick_sensor(h, instance, cursor)
-    assert json.loads(cursor2)["since"] == {"j": "2030-01-02T03:04:05Z"}
+    assert json.loads(cursor2)["since"] == {"j": "2025-01-02T03:04:05Z"}
     # A canceled run does not either.
     run = instance.create_run_for_job(_defs(h).resolve_job_def(h.job_name),
                                       tags={"oaipmh/harvester": "j"})
     instance.report_run_canceled(run)
     cursor3 = _tick_sensor(h, instance, cursor2)
-    assert json.loads(cursor3)["since"] == {"j": "2030-01-02T03:04:05Z"}
+    assert json.loads(cursor3)["since"] == {"j": "2025-01-02T03:04:05Z"}
     # Ticking again changes nothing (the watermark holds).
     assert json.loads(_tick_sensor(h, instance, cursor3))["since"] == json.loads(cursor3)["since"]
 
@@ -151,16 +129,14 @@ def test_day_granularity_is_formatted_as_dates(sqlite_url: str, instance: dg.Dag
                                                ) -> None:
     ds = make_dataset(50, seed=1, granularity="YYYY-MM-DD")
     with OAIServer(ds) as srv:
-        srv.clock = lambda: datetime(2030, 5, 6, 23, 59, 59, tzinfo=UTC)
+        srv.clock = lambda: datetime(2025, 5, 6, 23, 59, 59, tzinfo=UTC)
         h = add_harvester("d", srv.base_url)
         assert _run(h, instance).success
         cursor = json.loads(_tick_sensor(h, instance, None))
-        assert cursor["since"]["d"] == "2030-05-06"
-        _set_cursor(instance, json.dumps(cursor))
+        assert cursor["since"]["d"] == "2025-05-06"
         srv.clear_log()
         assert _run(h, instance).success
-        froms = [r.params["from"][0] for r in srv.requests if r.verb == "ListRecords"]
-        assert froms == ["2030-05-06"]
+        assert _froms(srv) == ["2025-05-05"]  # one day of overlap at day granularity
 
 
 def test_since_resolution_order(sqlite_url: str, server: OAIServer,
@@ -169,39 +145,31 @@ def test_since_resolution_order(sqlite_url: str, server: OAIServer,
     _, raw_key, _ = asset_keys("j")
 
     def resolve(**kw: object):  # noqa: ANN202
-        return resolve_since(instance, "j", since=kw.get("since"), full=bool(kw.get("full")),
-                             raw_asset_key=raw_key, location_name=LOCATION)
+        return resolve_since(instance, h, since=kw.get("since"), full=bool(kw.get("full")),
+                             raw_key=raw_key)
 
     assert resolve().source == "none" and resolve().value is None
-    server.clock = lambda: datetime(2029, 1, 1, tzinfo=UTC)
+    server.clock = lambda: datetime(2025, 1, 1, tzinfo=UTC)
     assert _run(h, instance).success
-    assert resolve().source == "last_materialization"
-    assert resolve().value == "2029-01-01T00:00:00Z"
-    _set_cursor(instance, json.dumps({"since": {"j": "2028-06-01T00:00:00Z"}}))
-    assert read_sensor_cursor(instance, LOCATION) is not None
-    assert (resolve().source, resolve().value) == ("sensor_cursor", "2028-06-01T00:00:00Z")
+    assert (resolve().source, resolve().value) == ("run", "2025-01-01T00:00:00Z")
+    assert resolve().overlap
+    set_since(instance, h, raw_key, "2024-06-01T00:00:00Z")
+    assert (resolve().source, resolve().value) == ("operator", "2024-06-01T00:00:00Z")
+    assert not resolve().overlap
     assert resolve(full=True).source == "full" and resolve(full=True).value is None
     assert resolve(since="2020-01-01", full=True).value == "2020-01-01"
 
 
-def test_operator_cursor_and_schedule_carry_since(sqlite_url: str, server: OAIServer,
-                                                  instance: dg.DagsterInstance) -> None:
+def test_bare_cursor_mapping_sets_since(sqlite_url: str, server: OAIServer,
+                                        instance: dg.DagsterInstance) -> None:
     h = add_harvester("j", server.base_url, cron="*/5 * * * *")
     assert _run(h, instance).success
-    # An operator sets the cursor (a bare mapping is accepted) to re-harvest from a date.
-    _set_cursor(instance, json.dumps({"j": "2024-01-01T00:00:00Z"}))
-    schedule = _defs(h).get_repository_def().get_schedule_def(h.job_name)
-    ctx = dg.build_schedule_context(instance=instance,
-                                    scheduled_execution_time=datetime(2030, 1, 1, tzinfo=UTC))
-    request = schedule.evaluate_tick(ctx).run_requests[0]
-    config = request.run_config["ops"][op_name("j")]["config"]
-    assert config == {"since": "2024-01-01T00:00:00Z", "full": False}
-    assert request.tags["oaipmh/since_source"] == "sensor_cursor"
+    # An operator types a bare mapping in the UI to re-harvest from a date.
+    _tick_sensor(h, instance, json.dumps({"j": "2024-01-01T00:00:00Z"}))
     server.clear_log()
-    result = _run(h, instance, config)
+    result = _run(h, instance)
     assert result.success
-    first = next(r for r in server.requests if r.verb == "ListRecords")
-    assert first.params["from"] == ["2024-01-01T00:00:00Z"]
+    assert _froms(server) == ["2024-01-01T00:00:00Z"]
     expected = sum(1 for r in server.dataset
                    if r.datestamp >= datetime(2024, 1, 1, tzinfo=UTC))
     assert _mat(result, "raw_records").metadata["records"].value == expected
@@ -211,8 +179,7 @@ def test_incremental_run_fetches_only_new_records(sqlite_url: str, server: OAISe
                                                   instance: dg.DagsterInstance) -> None:
     h = add_harvester("j", server.base_url)
     assert _run(h, instance).success
-    cursor = _tick_sensor(h, instance, None)
-    _set_cursor(instance, cursor)
+    _tick_sensor(h, instance, None)
     later = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
     for i in range(3):
         server.dataset.add(ServedRecord(f"oai:demo.example.org:x{i}", later, ("datasets",),
@@ -222,19 +189,5 @@ def test_incremental_run_fetches_only_new_records(sqlite_url: str, server: OAISe
     result = _run(h, instance)  # launchpad defaults: incremental
     assert result.success
     raw = _mat(result, "raw_records").metadata
-    assert raw["oai/since_source"].value == "sensor_cursor"
+    assert raw["oai/since_source"].value == "run"
     assert (raw["new"].value, raw["records"].value) == (3, 3)
-
-
-def test_bare_cursor_edit_is_not_undone_by_older_runs(sqlite_url: str, server: OAIServer,
-                                                      instance: dg.DagsterInstance) -> None:
-    h = add_harvester("j", server.base_url)
-    server.clock = lambda: datetime(2030, 1, 1, tzinfo=UTC)
-    assert _run(h, instance).success
-    # An operator types a bare mapping to re-harvest from 2024: older successful runs
-    # must not move it forward again on the next tick.
-    edited = _tick_sensor(h, instance, json.dumps({"j": "2024-01-01"}))
-    assert json.loads(edited)["since"] == {"j": "2024-01-01"}
-    server.clock = lambda: datetime(2031, 1, 1, tzinfo=UTC)
-    assert _run(h, instance, {"since": "2024-01-01"}).success
-    assert json.loads(_tick_sensor(h, instance, edited))["since"] == {"j": "2031-01-01T00:00:00Z"}

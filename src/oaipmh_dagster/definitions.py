@@ -45,7 +45,8 @@ def load_harvesters() -> list[Harvester]:
 def build_definitions(
     harvesters: list[Harvester], location_name: str | None = None
 ) -> dg.Definitions:
-    """Definitions for `harvesters` (a loop over factories; no I/O)."""
+    """Definitions for `harvesters` (a loop over factories; no I/O). The since sensor
+    takes only `location_name`'s runs of these harvesters."""
     resources = {"oaipmh_db": OAIPMHDatabase()}
     assets, jobs, schedules = [], [], []
     for h in harvesters:
@@ -53,12 +54,12 @@ def build_definitions(
         job = build_harvest_job(h, harvester_assets, resources)
         assets.extend(harvester_assets)
         jobs.append(job)
-        schedules.append(build_schedule(h, job, location_name))
+        schedules.append(build_schedule(h, job))
     return dg.Definitions(
         assets=assets,
         jobs=jobs,
         schedules=schedules,
-        sensors=[build_since_sensor()],
+        sensors=[build_since_sensor(harvesters, location_name)],
         resources=resources,
     )
 

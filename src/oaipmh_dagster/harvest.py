@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from oaipmh_dagster import __version__
+from oaipmh_dagster import __version__, incremental
 from oaipmh_dagster.oai import (
     BadResumptionToken,
     ClientOptions,
@@ -59,6 +59,13 @@ class HarvestStats:
     sets: list[str] = field(default_factory=list)
     granularity: str = Granularity.DAY.value
     response_date: str | None = None  # the server's clock at the first response
+    # What this harvest may record as the next since (the server's clock at the start of
+    # the lists it read, through resumes), whether it covered the harvester's whole
+    # selection, and why not, or why the value is not the plain list start.
+    next_since: str | None = None
+    covers_selection: bool = False
+    since_note: str = ""
+    scope: str = ""
     pages: int = 0
     requests: int = 0
     retries: int = 0
@@ -205,6 +212,7 @@ def harvest(
     since: str | datetime | None = None,
     until: str | datetime | None = None,
     full: bool = False,
+    overlap: bool = False,
     oai_ids: Sequence[str] = (),
     sets: Sequence[str] | None = None,
     resume: bool = True,
@@ -218,8 +226,11 @@ def harvest(
     """Harvest `h` into `store` and return the statistics; raise on failure.
 
     `since`/`until` are user input (a date or datetime); `full` ignores `since`;
+    `overlap` asks a little before `since` (a remembered since: see `incremental`);
     `oai_ids` fetches exactly those records with GetRecord. Each page is committed
-    with its checkpoint, so a failed or killed harvest is resumed by the next one."""
+    with its checkpoint, so a failed or killed harvest is resumed by the next one.
+    The statistics say which since the harvest may record (`next_since`) and whether it
+    covered the harvester's whole selection (`covers_selection`)."""
     started = time.perf_counter()
     stats = HarvestStats(harvester_id=h.id)
     since_dt = None if full or since in (None, "") else parse_user_datetime(since)
@@ -231,6 +242,8 @@ def harvest(
         if not isinstance(spec, str) or not SET_SPEC_PATTERN.fullmatch(spec):
             raise HarvestError(f"invalid set spec {spec!r}")
     stats.sets = set_specs
+    stats.scope = incremental.scope(h.base_url, h.metadata_prefix, h.sets)
+    whole = sorted(set(set_specs)) == sorted(set(h.sets))
     transform_fn = make_transform(h.transformer) if transform else None
     own_client = client is None
     client = client or OAIClient(h.base_url, options or client_options(h), logger=logger)
@@ -242,9 +255,18 @@ def harvest(
         gran = ident.granularity
         stats.granularity = gran.value
         stats.response_date = format_datestamp(ident.response_date, gran)
+        if since_dt is not None and overlap:
+            since_dt = incremental.request_from(since_dt, gran, h.overlap)
         stats.since = format_datestamp(since_dt, gran) if since_dt else None
         stats.until = format_datestamp(until_dt, gran) if until_dt else None
         checkpoint = checkpoint if resume else None
+        if checkpoint and not checkpoint.get("list_start"):
+            logger.warning("the interrupted harvest's checkpoint does not say when its list "
+                           "started: starting the list again instead of resuming it")
+            checkpoint = None
+        # The server's clock before any list request of this run: the start of its lists,
+        # unless it resumes a list that started earlier (then the checkpoint's).
+        list_start = ident.response_date
         pages: Iterator[tuple[Page, dict | None]]
         windowed = False
         if oai_ids:
@@ -257,13 +279,15 @@ def harvest(
                 end = until_dt or ident.response_date
                 windowed = True
                 pages = _windowed(client, h, gran, start, end, set_specs, checkpoint, stats,
-                                  logger)
+                                  logger, open_start=since_dt is None,
+                                  open_end=until_dt is None, list_start=list_start)
             else:
                 if h.max_parallel > 1:
                     logger.info("the server gives no earliestDatestamp: harvesting sequentially")
                 args = {"metadata_prefix": h.metadata_prefix, "sets": set_specs,
                         "from": stats.since, "until": stats.until}
-                pages = _sequential(client, h, args, checkpoint, stats, logger)
+                pages = _sequential(client, h, args, checkpoint, stats, logger, list_start)
+        resumed_start = _checkpoint_start(checkpoint) if checkpoint else None
         for page, cp in pages:
             counts = store.upsert_page(h.id, page.records, run_id=run_id,
                                        transform=transform_fn, checkpoint=cp,
@@ -291,6 +315,10 @@ def harvest(
             if progress is not None:
                 progress(event)
             _notify(event)
+        if stats.mode == "resumed" and resumed_start is not None:
+            list_start = min(list_start, resumed_start)
+        _decide_next_since(stats, list_start, gran, whole=whole, oai_ids=bool(oai_ids),
+                           until=until_dt is not None, since=since)
         ok = True
     finally:
         cs = client.stats
@@ -305,8 +333,38 @@ def harvest(
     return stats
 
 
+def _decide_next_since(
+    stats: HarvestStats, list_start: datetime, gran: Granularity, *, whole: bool,
+    oai_ids: bool, until: bool, since: str | datetime | None,
+) -> None:
+    """Fill in `next_since`, `covers_selection` and `since_note` of a finished harvest."""
+    reasons = []
+    if oai_ids:
+        reasons.append("it fetched chosen identifiers only")
+    if until:
+        reasons.append("it was bounded by until")
+    if not whole:
+        reasons.append("it harvested other sets than the harvester's")
+    stats.covers_selection = not reasons
+    previous = since if isinstance(since, str) else None
+    decided = incremental.next_since(list_start, gran, previous=previous)
+    stats.next_since = decided.value
+    notes = [f"since does not advance: {', '.join(reasons)}"] if reasons else []
+    if decided.note:
+        notes.append(decided.note)
+    stats.since_note = "; ".join(notes)
+
+
+def _checkpoint_start(checkpoint: dict[str, Any]) -> datetime | None:
+    """When the checkpoint's list(s) started (server clock)."""
+    try:
+        return parse_user_datetime(checkpoint["list_start"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def _checkpoint(
-    page: Page, set_spec: str | None, prefix: str, stats: HarvestStats
+    page: Page, set_spec: str | None, prefix: str, stats: HarvestStats, list_start: str
 ) -> dict[str, Any] | None:
     """Where to resume after this page (None once its list is complete)."""
     if not page.token:
@@ -315,7 +373,7 @@ def _checkpoint(
                      "until": stats.until},
             "token": page.token, "set": set_spec, "pages": stats.pages + 1,
             "records": stats.records + len(page.records), "since": stats.since,
-            "until": stats.until}
+            "until": stats.until, "list_start": list_start}
 
 
 def _resume_point(checkpoint: dict | None, args: dict[str, Any]) -> tuple[str | None, str] | None:
@@ -334,40 +392,53 @@ def _resume_point(checkpoint: dict | None, args: dict[str, Any]) -> tuple[str | 
 
 def _sequential(
     client: OAIClient, h: Harvester, args: dict[str, Any], checkpoint: dict | None,
-    stats: HarvestStats, logger: Any,
+    stats: HarvestStats, logger: Any, list_start: datetime,
 ) -> Iterator[tuple[Page, dict | None]]:
-    """One list after another (one per set); each page with its checkpoint."""
+    """One list after another (one per set); each page with its checkpoint, which keeps
+    the start of the earliest list it continues."""
+    start = _iso(list_start)
+    if _resume_point(checkpoint, args) is not None:
+        start = str(checkpoint["list_start"])  # type: ignore[index]
     for set_spec, page in _list_pages(client, h, args, checkpoint, stats, logger):
-        yield page, _checkpoint(page, set_spec, h.metadata_prefix, stats)
+        yield page, _checkpoint(page, set_spec, h.metadata_prefix, stats, start)
+
+
+def _iso(dt: datetime) -> str:
+    return dt.isoformat()
 
 
 def _windowed(
     client: OAIClient, h: Harvester, gran: Granularity, start: datetime, end: datetime,
-    sets: list[str], checkpoint: dict | None, stats: HarvestStats, logger: Any,
+    sets: list[str], checkpoint: dict | None, stats: HarvestStats, logger: Any, *,
+    open_start: bool, open_end: bool, list_start: datetime,
 ) -> Iterator[tuple[Page, dict | None]]:
     """Date windows harvested concurrently (up to the harvester's `max_parallel`); each
     page comes with a checkpoint of every window's state, so a failed run resumes only
-    the unfinished windows."""
+    the unfinished windows. The outer windows are open-ended where the harvest is (no
+    `from` on a full harvest, no `until` without one), so records dated before the
+    server's earliestDatestamp or after its responseDate are still harvested."""
     ident = {"mode": "windowed", "prefix": h.metadata_prefix, "sets": sets,
              "since": stats.since, "until": stats.until}
     units: dict[str, Unit] = {}
+    started = _iso(list_start)
     if checkpoint and all(checkpoint.get(k) == v for k, v in ident.items()):
         for key, item in checkpoint.get("windows", {}).items():
             units[key] = Unit(Window.from_dict(item), key, item.get("token"),
                               bool(item.get("done")), int(item.get("depth", 1)))
+        started = str(checkpoint["list_start"])
         stats.mode = "resumed"
         logger.info("resuming the interrupted windowed harvest: %d of %d windows done",
                     sum(u.done for u in units.values()), len(units))
     else:
         for spec in sets or [None]:
-            w = Window(spec, start, end)
+            w = Window(spec, start, end, open_start=open_start, open_end=open_end)
             units[w.key(gran)] = Unit(w, w.key(gran))
     logger.info("windowed harvest with up to %d parallel requests from %s to %s",
                 h.max_parallel, format_datestamp(start, gran), format_datestamp(end, gran))
     seen: set[str] | None = set() if len(sets) > 1 else None
 
     def snapshot() -> dict:
-        return {**ident, "windows": {
+        return {**ident, "list_start": started, "windows": {
             k: {**u.window.to_dict(gran), "token": u.token, "done": u.done, "depth": u.depth}
             for k, u in units.items()}}
 

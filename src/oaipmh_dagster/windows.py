@@ -1,9 +1,11 @@
 """Date windows for a parallel harvest: split [start, end] into inclusive windows that
-respect the server's granularity (whole seconds or whole days)."""
+respect the server's granularity (whole seconds or whole days). The outermost windows
+may be open-ended (no `from` or no `until` sent), so records dated outside the range
+the server advertises are harvested too."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from oaipmh_dagster.oai import Granularity, format_datestamp, parse_datestamp
@@ -11,28 +13,35 @@ from oaipmh_dagster.oai import Granularity, format_datestamp, parse_datestamp
 
 @dataclass(frozen=True)
 class Window:
-    """One unit of work: a set (or None = all) and an inclusive datestamp range."""
+    """One unit of work: a set (or None = all) and an inclusive datestamp range; an
+    open side is not sent to the server (`start`/`end` then only guide splitting)."""
 
     set_spec: str | None
     start: datetime
     end: datetime
+    open_start: bool = False
+    open_end: bool = False
 
     def key(self, granularity: Granularity) -> str:
-        """Stable name in checkpoints: `set|from|until`."""
-        return "|".join((self.set_spec or "", *self.bounds(granularity)))
-
-    def bounds(self, granularity: Granularity) -> tuple[str, str]:
-        """`from` and `until` as sent to the server."""
-        return (format_datestamp(self.start, granularity),
-                format_datestamp(self.end, granularity))
-
-    def to_dict(self, granularity: Granularity) -> dict[str, str | None]:
+        """Stable name in checkpoints: `set|from|until` (`*` for an open side)."""
         start, end = self.bounds(granularity)
-        return {"set": self.set_spec, "from": start, "until": end}
+        return "|".join((self.set_spec or "", start or "*", end or "*"))
+
+    def bounds(self, granularity: Granularity) -> tuple[str | None, str | None]:
+        """`from` and `until` as sent to the server (None: not sent)."""
+        return (None if self.open_start else format_datestamp(self.start, granularity),
+                None if self.open_end else format_datestamp(self.end, granularity))
+
+    def to_dict(self, granularity: Granularity) -> dict[str, str | bool | None]:
+        return {"set": self.set_spec, "from": format_datestamp(self.start, granularity),
+                "until": format_datestamp(self.end, granularity),
+                "open_start": self.open_start, "open_end": self.open_end}
 
     @classmethod
     def from_dict(cls, data: dict) -> Window:
-        return cls(data.get("set"), parse_datestamp(data["from"]), parse_datestamp(data["until"]))
+        return cls(data.get("set"), parse_datestamp(data["from"]),
+                   parse_datestamp(data["until"]), bool(data.get("open_start")),
+                   bool(data.get("open_end")))
 
 
 def unit(granularity: Granularity) -> timedelta:
@@ -50,9 +59,11 @@ def floor(dt: datetime, granularity: Granularity) -> datetime:
 
 def split(window: Window, parts: int, granularity: Granularity) -> list[Window]:
     """`window` cut into up to `parts` adjacent, non-overlapping inclusive windows that
-    cover it exactly; a window one unit long cannot be split."""
+    cover it exactly (the first keeps an open start, the last an open end); a window
+    one unit long cannot be split."""
     step = unit(granularity)
     start, end = floor(window.start, granularity), floor(window.end, granularity)
+    end = max(start, end)  # a since after the server's clock still gets one window
     units = (end - start) // step + 1
     parts = max(1, min(parts, units))
     out = []
@@ -60,4 +71,6 @@ def split(window: Window, parts: int, granularity: Granularity) -> list[Window]:
         a = start + step * (units * i // parts)
         b = start + step * (units * (i + 1) // parts) - step
         out.append(Window(window.set_spec, a, b))
+    out[0] = replace(out[0], open_start=window.open_start)
+    out[-1] = replace(out[-1], open_end=window.open_end)
     return out

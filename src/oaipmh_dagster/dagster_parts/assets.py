@@ -11,10 +11,14 @@ from dagster._core.definitions.utils import check_valid_name
 
 from oaipmh_dagster import harvest as harvest_mod
 from oaipmh_dagster.dagster_parts.config import HarvestConfig
+from oaipmh_dagster.dagster_parts.jobs import SINCE_SOURCE_TAG, SINCE_TAG
 from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
 from oaipmh_dagster.dagster_parts.since import (
     ADVANCES_SINCE_KEY,
+    NEXT_SINCE_KEY,
     RESPONSE_DATE_KEY,
+    SCOPE_KEY,
+    ResolvedSince,
     resolve_since,
 )
 from oaipmh_dagster.registry import Harvester
@@ -52,6 +56,16 @@ def group_name(harvester_id: str) -> str:
 def op_name(harvester_id: str) -> str:
     """Name of the op that materializes a harvester's assets (run config goes under it)."""
     return f"{_OP_PREFIX}{harvester_id}"
+
+
+HOST_POOL_PREFIX = "oaipmh/host/"
+
+
+def host_pool(h: Harvester) -> str:
+    """The Dagster concurrency pool of every op that harvests from `h`'s host: it limits
+    requests to shared servers whichever job runs the op (the harvester's job, the asset
+    graph's Materialize, a backfill); `dagster.yaml` sets its default limit."""
+    return HOST_POOL_PREFIX + h.host
 
 
 def build_harvester_assets(h: Harvester) -> list[dg.AssetsDefinition]:
@@ -92,7 +106,8 @@ def build_harvester_assets(h: Harvester) -> list[dg.AssetsDefinition]:
     ]
 
     _SNAPSHOTS[h.id] = h
-    op = _renamed(_harvest_op(), op_name(h.id), f"Harvest {h.name} ({h.base_url}).")
+    op = _renamed(_harvest_op(), op_name(h.id), f"Harvest {h.name} ({h.base_url}).",
+                  pool=host_pool(h))
     harvest_assets = AssetsDefinition.dagster_internal_init(
         keys_by_input_name={},
         keys_by_output_name={"raw_records": raw_key, "records": records_key},
@@ -117,7 +132,9 @@ _SNAPSHOTS: dict[str, Harvester] = {}
 _OP_PREFIX = "harvest_"
 
 
-def _renamed(op: dg.OpDefinition, name: str, description: str) -> dg.OpDefinition:
+def _renamed(
+    op: dg.OpDefinition, name: str, description: str, pool: str | None = None
+) -> dg.OpDefinition:
     """A copy of `op` under another name. `with_replaced_properties` would run the whole
     constructor again (signature inspection, config and output checks: half of each
     harvester's build time) for an object that differs only in these two fields, which
@@ -126,6 +143,8 @@ def _renamed(op: dg.OpDefinition, name: str, description: str) -> dg.OpDefinitio
     copy.__dict__.update(op.__dict__)
     copy._name = check_valid_name(name)  # noqa: SLF001 - see the docstring
     copy._description = description  # noqa: SLF001
+    if pool is not None:
+        copy._pool = pool  # noqa: SLF001
     return copy
 
 
@@ -155,11 +174,6 @@ def _harvest_op() -> dg.OpDefinition:
     return harvest
 
 
-def _location_name(context: dg.AssetExecutionContext) -> str | None:
-    origin = context.dagster_run.remote_job_origin
-    return origin.location_name if origin is not None else None
-
-
 def run_harvest(
     context: dg.AssetExecutionContext, config: HarvestConfig, oaipmh_db: OAIPMHDatabase,
     snapshot: Harvester,
@@ -170,16 +184,21 @@ def run_harvest(
     _, raw_key, records_key = asset_keys(h.id)
     selected = context.selected_asset_keys
     if raw_key in selected:
-        resolved = resolve_since(
-            context.instance, h.id, since=config.since, full=config.full,
-            raw_asset_key=raw_key, location_name=_location_name(context),
-        )
+        resolved = resolve_since(context.instance, h, since=config.since, full=config.full,
+                                 raw_key=raw_key)
+        if resolved.note:
+            context.log.warning(resolved.note)
         context.log.info(
-            "harvesting %s (%s, prefix %s, sets %s) since=%s (from %s) until=%s%s",
+            "harvesting %s (%s, prefix %s, sets %s) since=%s (from %s%s) until=%s%s",
             h.id, h.base_url, h.metadata_prefix, list(config.sets or h.sets) or "all",
-            resolved.value or "-", resolved.source, config.until or "-",
+            resolved.value or "-", resolved.source,
+            ", asked with the harvester's overlap" if resolved.overlap else "",
+            config.until or "-",
             f", {len(config.oai_ids)} identifiers" if config.oai_ids else "",
         )
+        context.instance.add_run_tags(context.run_id, {
+            SINCE_TAG: resolved.value or "full", SINCE_SOURCE_TAG: resolved.source,
+        })
         instance, run_id = context.instance, context.run_id
 
         def is_stale(other_run: str | None) -> bool:
@@ -190,10 +209,15 @@ def run_harvest(
 
         stats = harvest_mod.harvest(
             h, store, run_id=run_id, since=resolved.value, until=config.until,
-            full=config.full or resolved.value is None, oai_ids=config.oai_ids,
-            sets=config.sets, resume=config.resume, logger=context.log, is_stale=is_stale,
+            full=config.full or resolved.value is None, overlap=resolved.overlap,
+            oai_ids=config.oai_ids, sets=config.sets, resume=config.resume,
+            logger=context.log, is_stale=is_stale,
         )
-        yield dg.MaterializeResult(asset_key=raw_key, metadata=raw_metadata(stats, resolved.source, config))
+        meta = raw_metadata(stats, resolved)
+        note = meta.get("oai/since_note")
+        if note:
+            context.log.warning(str(note))
+        yield dg.MaterializeResult(asset_key=raw_key, metadata=meta)
         yield _complete_check(stats, raw_key)
         counts = {"new": stats.new, "updated": stats.updated, "failed": stats.failed,
                   "failed_ids": stats.failed_ids}
@@ -217,15 +241,24 @@ def run_harvest(
         )
 
 
-def raw_metadata(stats: harvest_mod.HarvestStats, since_source: str, config: HarvestConfig) -> dict:
-    """Materialization metadata of raw_records: the harvest's statistics."""
-    advances = not config.oai_ids and not config.until
+def raw_metadata(stats: harvest_mod.HarvestStats, resolved: ResolvedSince) -> dict:
+    """Materialization metadata of raw_records: the harvest's statistics, and the since
+    it records (`oai/next_since`, when `oai/advances_since`) for its `oai/scope`."""
+    notes = [stats.since_note] if stats.since_note else []
+    if not resolved.covers_stored():
+        notes.append(f"since does not advance: the run started at {resolved.value}, after "
+                     f"the harvester's since {resolved.stored or '(none: never harvested in full)'}")
+    advances = (stats.covers_selection and resolved.covers_stored()
+                and stats.next_since is not None)
     meta: dict[str, Any] = {
         RESPONSE_DATE_KEY: stats.response_date or "",
+        NEXT_SINCE_KEY: stats.next_since or "",
         ADVANCES_SINCE_KEY: advances,
+        SCOPE_KEY: stats.scope,
+        "oai/since_note": "; ".join(notes),
         "oai/mode": stats.mode,
         "oai/since": stats.since or "",
-        "oai/since_source": since_source,
+        "oai/since_source": resolved.source,
         "oai/until": stats.until or "",
         "oai/granularity": stats.granularity,
         "oai/sets": ", ".join(stats.sets) or "(all)",

@@ -11,6 +11,9 @@ from oaipmh_dagster.registry import Harvester
 
 HARVESTER_TAG = "oaipmh/harvester"
 HOST_TAG = "oaipmh/host"
+# Set by the op when the run starts: the since it harvests from, and where that came from.
+SINCE_TAG = "oaipmh/since"
+SINCE_SOURCE_TAG = "oaipmh/since_source"
 
 
 def run_tags(h: Harvester) -> dict[str, str]:

@@ -1,12 +1,12 @@
-"""One schedule per harvester, named like its job; each tick carries the resolved since."""
+"""One schedule per harvester, named like its job. A tick launches an incremental run
+(the op resolves since when the run starts) unless the harvester already has a run
+queued or in progress."""
 
 from __future__ import annotations
 
 import dagster as dg
 
-from oaipmh_dagster.dagster_parts.assets import asset_keys, op_name
-from oaipmh_dagster.dagster_parts.jobs import run_tags
-from oaipmh_dagster.dagster_parts.since import resolve_since
+from oaipmh_dagster.dagster_parts.jobs import HARVESTER_TAG, run_tags
 from oaipmh_dagster.registry import Harvester
 
 # A harvester without cron still gets a (stopped) schedule; started, it ticks once a
@@ -14,24 +14,35 @@ from oaipmh_dagster.registry import Harvester
 NO_CRON = "0 0 1 1 *"
 
 
-def build_schedule(
-    h: Harvester, job: dg.JobDefinition, location_name: str | None = None
-) -> dg.ScheduleDefinition:
+IN_PROGRESS = [
+    dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
+]
+
+
+def active_run(instance: dg.DagsterInstance, harvester_id: str) -> str | None:
+    """The id of a queued or running run of the harvester's job, if any."""
+    records = instance.get_run_records(
+        filters=dg.RunsFilter(tags={HARVESTER_TAG: harvester_id}, statuses=IN_PROGRESS),
+        limit=1,
+    )
+    return records[0].dagster_run.run_id if records else None
+
+
+def build_schedule(h: Harvester, job: dg.JobDefinition) -> dg.ScheduleDefinition:
     """The schedule `harvest_oaipmh_records_<id>` (RUNNING by default when enabled)."""
-    _, raw_key, _ = asset_keys(h.id)
 
     def evaluate(context: dg.ScheduleEvaluationContext):  # noqa: ANN202 - Dagster union
         if h.cron is None:
             return dg.SkipReason(f"harvester {h.id} has no cron expression: nothing to run")
-        resolved = resolve_since(context.instance, h.id, since=None, full=False,
-                                 raw_asset_key=raw_key, location_name=location_name)
-        config = {"since": resolved.value, "full": resolved.value is None}
+        busy = active_run(context.instance, h.id)
+        if busy is not None:
+            return dg.SkipReason(f"harvester {h.id} already has run {busy} queued or in "
+                                 "progress: this tick adds no other")
         scheduled = context.scheduled_execution_time
         return dg.RunRequest(
             run_key=scheduled.isoformat() if scheduled else None,
-            run_config={"ops": {op_name(h.id): {"config": config}}},
-            tags={**run_tags(h), "oaipmh/since": resolved.value or "full",
-                  "oaipmh/since_source": resolved.source},
+            tags=run_tags(h),
         )
 
     return dg.ScheduleDefinition(
@@ -45,8 +56,8 @@ def build_schedule(
             else dg.DefaultScheduleStatus.STOPPED
         ),
         description=(
-            f"Incremental harvest of {h.name} ({h.cron} {h.timezone}); each run's config "
-            "carries the since it harvests from."
+            f"Incremental harvest of {h.name} ({h.cron} {h.timezone}); each run resolves "
+            "its since when it starts (its tags show the value and its source)."
             if h.cron else f"{h.name} has no cron: this schedule never launches a run."
         ),
     )

@@ -1,6 +1,12 @@
-"""Where a run's `since` comes from, in one place for schedules, UI launches and the CLI:
-explicit run config > `full` > the since sensor's cursor > the last successful
-materialization's `oai/response_date` > none (a full harvest)."""
+"""Where a run's `since` comes from, in one place for schedules, UI launches, the
+implicit asset job, backfills and the CLI.
+
+The since in force for a harvester is published as an `AssetObservation` of its
+`raw_records` asset (by the since sensor, or by an operator's `since set`/`reset`),
+plus any newer `raw_records` materialization of a successful run that the sensor has not
+published yet. Both are read with public instance queries. Precedence for one run:
+explicit run config > `full` > the since in force for the harvester's current selection
+> none (a full harvest)."""
 
 from __future__ import annotations
 
@@ -10,99 +16,209 @@ from typing import Any
 
 import dagster as dg
 
+from oaipmh_dagster import incremental
+from oaipmh_dagster.incremental import SinceState
+from oaipmh_dagster.oai import parse_user_datetime
+from oaipmh_dagster.registry import Harvester
+
 SENSOR_NAME = "oaipmh_since_sensor"
+# raw_records materialization metadata written by a harvest
 RESPONSE_DATE_KEY = "oai/response_date"
+NEXT_SINCE_KEY = "oai/next_since"
 ADVANCES_SINCE_KEY = "oai/advances_since"
+SCOPE_KEY = "oai/scope"
+# raw_records observation metadata: the since in force
+SINCE_KEY = "oai/since"
+SINCE_SOURCE_KEY = "oai/since_source"
+OPERATOR_KEY = "oai/set_by_operator"
+
+# How many newer materializations a resolution looks at past the last published since.
+_MATERIALIZATIONS = 20
 
 
 @dataclass(frozen=True)
 class ResolvedSince:
-    """The `since` of a run and where it came from (for the run's logs)."""
+    """The `since` of a run, where it came from, and what it means for the run."""
 
     value: str | None
-    source: str  # run_config | full | sensor_cursor | last_materialization | none
+    source: str  # run_config | full | run | operator | none | scope_changed
+    overlap: bool = False  # ask a little earlier (a since recorded by a run)
+    stored: str | None = None  # the since in force for the harvester's selection
+    note: str = ""
+
+    def covers_stored(self) -> bool:
+        """Whether a run from this since covers everything after the stored since (an
+        explicit since later than the stored one leaves a gap)."""
+        if self.source != "run_config" or self.value is None:
+            return True
+        if self.stored is None:
+            return False
+        return parse_user_datetime(self.value) <= parse_user_datetime(self.stored)
 
 
-def parse_cursor(cursor: str | None) -> dict[str, Any]:
-    """The since sensor's cursor as a dict: {"since": {id: datestamp}, "watermark": ...}.
+def _text(meta: Any, key: str) -> str | None:
+    value = meta.get(key)
+    value = getattr(value, "value", value)
+    return str(value) if value not in (None, "") else None
 
-    An operator may also type a bare mapping {id: datestamp} in the UI; it has no
-    watermark, so it comes back with `"watermark": "now"`: only runs that succeed after
-    the edit may move those dates again."""
-    if not cursor:
-        return {"since": {}, "watermark": None}
-    try:
-        data = json.loads(cursor)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"the {SENSOR_NAME} cursor is not JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"the {SENSOR_NAME} cursor must be a JSON object")
-    if "since" not in data:
-        data = {"since": data, "watermark": "now"}
-    data.setdefault("watermark", None)
-    return data
+
+def _flag(meta: Any, key: str) -> bool | None:
+    value = meta.get(key)
+    value = getattr(value, "value", value)
+    return None if value is None else bool(value)
+
+
+def observation_state(record: Any) -> SinceState | None:
+    """The since an observation record publishes (None: not a since observation)."""
+    obs = record.asset_observation
+    if obs is None or SINCE_KEY not in obs.metadata:
+        return None
+    meta = obs.metadata
+    return SinceState(
+        value=incremental.readable(_text(meta, SINCE_KEY)),
+        scope=_text(meta, SCOPE_KEY),
+        operator=bool(_flag(meta, OPERATOR_KEY)),
+        at=record.timestamp,
+        source=_text(meta, SINCE_SOURCE_KEY) or "unknown",
+    )
+
+
+def run_since(meta: Any) -> tuple[str | None, str | None]:
+    """(since, scope) a raw_records materialization may record; (None, None) when its
+    run may not advance since. Materializations of older versions carry only
+    `oai/response_date` and no scope."""
+    if _flag(meta, ADVANCES_SINCE_KEY) is False:
+        return None, None
+    value = _text(meta, NEXT_SINCE_KEY) or _text(meta, RESPONSE_DATE_KEY)
+    return incremental.readable(value), _text(meta, SCOPE_KEY)
+
+
+def published_state(
+    instance: dg.DagsterInstance, raw_key: dg.AssetKey
+) -> tuple[SinceState | None, int]:
+    """The newest since observation of `raw_key` and its storage id (0 without one)."""
+    for record in instance.fetch_observations(raw_key, limit=5).records:
+        state = observation_state(record)
+        if state is not None:
+            return state, record.storage_id
+    return None, 0
+
+
+def current_state(instance: dg.DagsterInstance, raw_key: dg.AssetKey) -> SinceState | None:
+    """The published since plus what successful runs recorded after it."""
+    state, after = published_state(instance, raw_key)
+    records = instance.fetch_materializations(raw_key, limit=_MATERIALIZATIONS).records
+    for record in reversed([r for r in records if r.storage_id > after]):
+        mat = record.asset_materialization
+        value, scope = run_since(mat.metadata) if mat is not None else (None, None)
+        if value is None:
+            continue
+        run = instance.get_run_record_by_id(record.run_id)
+        if run is None or run.dagster_run.status != dg.DagsterRunStatus.SUCCESS:
+            continue
+        started = run.start_time or run.create_timestamp.timestamp()
+        state = incremental.after_run(state, value, scope, started, record.timestamp,
+                                      f"run {record.run_id[:8]}") or state
+    return state
+
+
+def resolve_since(
+    instance: dg.DagsterInstance, h: Harvester, *, since: str | None, full: bool,
+    raw_key: dg.AssetKey,
+) -> ResolvedSince:
+    """The one since-resolution rule (see the module docstring)."""
+    state = current_state(instance, raw_key)
+    scope = incremental.scope(h.base_url, h.metadata_prefix, h.sets)
+    stored, note = incremental.in_force(state, scope)
+    if since:
+        return ResolvedSince(since, "run_config", stored=stored, note=note)
+    if full:
+        return ResolvedSince(None, "full", stored=stored)
+    if stored:
+        source = "operator" if state is not None and state.operator else "run"
+        return ResolvedSince(stored, source, overlap=source == "run", stored=stored)
+    if note:
+        return ResolvedSince(None, "scope_changed", note=note)
+    return ResolvedSince(None, "none")
+
+
+def since_observation(
+    raw_key: dg.AssetKey, value: str | None, scope: str | None, source: str, *,
+    operator: bool,
+) -> dg.AssetObservation:
+    """The observation that publishes a harvester's since (empty value: full next)."""
+    return dg.AssetObservation(
+        asset_key=raw_key,
+        description=(f"since {value}" if value else "no since: the next harvest is full")
+        + f" ({source})",
+        metadata={SINCE_KEY: value or "", SCOPE_KEY: scope or "", SINCE_SOURCE_KEY: source,
+                  OPERATOR_KEY: operator},
+    )
+
+
+def set_since(
+    instance: dg.DagsterInstance, h: Harvester, raw_key: dg.AssetKey, value: str | None,
+    source: str = "operator",
+) -> None:
+    """Record an operator's since (None: the next harvest is full) for the harvester's
+    current selection; runs that started before it do not move it."""
+    scope = incremental.scope(h.base_url, h.metadata_prefix, h.sets)
+    instance.report_runless_asset_event(
+        since_observation(raw_key, value, scope, source, operator=True)
+    )
 
 
 def read_sensor_cursor(instance: dg.DagsterInstance, location_name: str | None) -> str | None:
-    """The stored cursor of the since sensor of `location_name` (any location when None
-    and only one has the sensor). Uses Dagster's instigator storage, which is not public
-    API: kept in this one function, covered by a test."""
+    """The stored cursor of the since sensor of `location_name` (None when unknown).
+    Dagster's instigator storage is not public API: this is its one use, covered by a
+    test; the sensor uses it only to notice a cursor edited during its own tick."""
     from dagster._core.scheduler.instigation import InstigatorType
 
     states = [
         s for s in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
-        if s.name == SENSOR_NAME
+        if s.name == SENSOR_NAME and (
+            location_name is None
+            or s.origin.repository_origin.code_location_origin.location_name == location_name
+        )
     ]
-    if location_name is not None:
-        matching = [
-            s for s in states
-            if s.origin.repository_origin.code_location_origin.location_name == location_name
-        ]
-        states = matching or (states if len(states) == 1 else [])
     if len(states) != 1:
         return None
-    data = states[0].instigator_data
-    return getattr(data, "cursor", None)
+    return getattr(states[0].instigator_data, "cursor", None)
 
 
-def last_materialized_response_date(
-    instance: dg.DagsterInstance, asset_key: dg.AssetKey
-) -> str | None:
-    """`oai/response_date` of the newest materialization that may advance since."""
-    records = instance.fetch_materializations(asset_key, limit=20).records
-    for record in records:
-        mat = record.asset_materialization
-        if mat is None:
-            continue
-        meta = mat.metadata
-        advances = meta.get(ADVANCES_SINCE_KEY)
-        if advances is not None and not advances.value:
-            continue
-        value = meta.get(RESPONSE_DATE_KEY)
-        if value is not None and value.value:
-            return str(value.value)
-    return None
+def parse_cursor(cursor: str | None) -> tuple[dict[str, Any], list[str]]:
+    """The since sensor's cursor as a dict, and the problems found in it.
 
-
-def resolve_since(
-    instance: dg.DagsterInstance,
-    harvester_id: str,
-    *,
-    since: str | None,
-    full: bool,
-    raw_asset_key: dg.AssetKey,
-    location_name: str | None,
-) -> ResolvedSince:
-    """The one since-resolution rule (see the module docstring)."""
-    if since:
-        return ResolvedSince(since, "run_config")
-    if full:
-        return ResolvedSince(None, "full")
-    cursor = parse_cursor(read_sensor_cursor(instance, location_name))
-    value = cursor["since"].get(harvester_id)
-    if value:
-        return ResolvedSince(str(value), "sensor_cursor")
-    value = last_materialized_response_date(instance, raw_asset_key)
-    if value:
-        return ResolvedSince(value, "last_materialization")
-    return ResolvedSince(None, "none")
+    The shape is {"since": {id: datestamp}, "published": {...}, "watermark": ..., "seen":
+    [...]}. An operator may also type a bare mapping {id: datestamp}; it has no
+    watermark, so it comes back with `"watermark": "now"`. A cursor that is not a JSON
+    object is reported and replaced by an empty one (the since in force is kept in the
+    asset observations, so nothing is lost)."""
+    empty: dict[str, Any] = {"since": {}, "watermark": None}
+    if not cursor:
+        return empty, []
+    try:
+        data = json.loads(cursor)
+    except json.JSONDecodeError as exc:
+        return {"since": {}, "watermark": "now"}, [f"the cursor is not JSON ({exc}): ignored"]
+    if not isinstance(data, dict):
+        return {"since": {}, "watermark": "now"}, ["the cursor is not a JSON object: ignored"]
+    problems = []
+    if "since" not in data:
+        data = {"since": data, "watermark": "now"}
+    if not isinstance(data.get("since"), dict):
+        problems.append(f"'since' must map harvester ids to dates, not {data.get('since')!r}")
+        data["since"] = {}
+    data.setdefault("watermark", None)
+    if data["watermark"] not in (None, "now"):
+        try:
+            parse_user_datetime(str(data["watermark"]))
+        except ValueError:
+            problems.append(f"unreadable watermark {data['watermark']!r}: processing runs "
+                            "from now on")
+            data["watermark"] = "now"
+    if not isinstance(data.get("seen", []), list):
+        data["seen"] = []
+    if not isinstance(data.get("published", {}), dict):
+        data.pop("published")
+    return data, problems

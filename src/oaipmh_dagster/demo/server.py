@@ -263,6 +263,7 @@ class _TokenState:
     from_: str | None = None
     until: str | None = None
     last: tuple[datetime, str] | None = None
+    snapshot: int | None = None  # the list's snapshot (servers whose tokens page over one)
 
 
 @dataclass
@@ -412,6 +413,7 @@ class OAIServer:
         gzip: bool = True,
         token_ttl: float | None = None,
         path: str = "/oai",
+        snapshot_lists: bool = False,
     ) -> None:
         if page_size < 1:
             raise ValueError("page_size must be at least 1")
@@ -423,6 +425,11 @@ class OAIServer:
         self.gzip = gzip
         self.token_ttl = token_ttl
         self.path = path if path.startswith("/") else "/" + path
+        # Like search-backed servers (Invenio, Zenodo): a list's tokens page over the
+        # records as they were at its first request, whatever changes after.
+        self.snapshot_lists = snapshot_lists
+        self._snapshots: dict[int, tuple[ServedRecord, ...]] = {}
+        self._snapshot_ids = itertools.count(1)
         self.clock: Callable[[], datetime] = lambda: datetime.now(UTC)
         self.faults = FaultPlan()
         self.max_concurrency = 0
@@ -534,6 +541,7 @@ class OAIServer:
                 state.generation,
                 round(state.issued, 3),
                 next(self._nonce),
+                state.snapshot,
             ],
             separators=(",", ":"),
         ).encode()
@@ -549,14 +557,14 @@ class OAIServer:
                 mac, hmac.new(self._secret, payload, hashlib.sha256).digest()[:8]
             ):
                 return None
-            v, verb, prefix, set_spec, from_, until, cursor, page, last, gen, issued, _ = (
+            v, verb, prefix, set_spec, from_, until, cursor, page, last, gen, issued, _, snap = (
                 json.loads(payload)
             )
             if v != 1:
                 return None
             last_key = (datetime.fromisoformat(last[0]), last[1]) if last else None
             return _TokenState(
-                verb, cursor, page, gen, issued, prefix, set_spec, from_, until, last_key
+                verb, cursor, page, gen, issued, prefix, set_spec, from_, until, last_key, snap
             )
         except (ValueError, TypeError, IndexError):
             return None
@@ -848,17 +856,25 @@ class OAIServer:
                 state.from_,
                 state.until,
             )
-            cursor, page, last = state.cursor, state.page, state.last
+            cursor, page, last, snapshot = state.cursor, state.page, state.last, state.snapshot
         else:
             prefix = args["metadataPrefix"]
             set_spec, from_s, until_s = args.get("set"), args.get("from"), args.get("until")
-            cursor, page, last = 0, 1, None
+            cursor, page, last, snapshot = 0, 1, None, None
         low, high = self._range(from_s, until_s)
         if prefix not in ds.prefixes:
             raise _OAIError("cannotDisseminateFormat", f"Unsupported metadataPrefix {prefix!r}.")
         if set_spec is not None and not ds.sets:
             raise _OAIError("noSetHierarchy", "This repository does not support sets.")
-        view = ds.select_view(prefix, low, high, set_spec)
+        if snapshot is not None:
+            if snapshot not in self._snapshots:
+                raise _OAIError("badResumptionToken", "The resumptionToken has expired.")
+            view = self._snapshots[snapshot]
+        else:
+            view = ds.select_view(prefix, low, high, set_spec)
+            if self.snapshot_lists:
+                snapshot = next(self._snapshot_ids)
+                self._snapshots[snapshot] = view
         if not view and token is None:
             raise _OAIError("noRecordsMatch", "No records match the request.")
         start = 0 if last is None else bisect.bisect_right(view, last, key=_record_key)
@@ -867,7 +883,8 @@ class OAIServer:
         issued = self._now().timestamp()
         next_last = chunk[-1].key if chunk else last
         here = _TokenState(
-            verb, cursor, page, self._generation, issued, prefix, set_spec, from_s, until_s, last
+            verb, cursor, page, self._generation, issued, prefix, set_spec, from_s, until_s, last,
+            snapshot,
         )
         nxt = replace(here, cursor=cursor + len(chunk), page=page + 1, last=next_last)
         if verb == "ListRecords":
