@@ -444,3 +444,79 @@ def test_sensor_takes_only_its_own_harvesters(database_url: str, server: OAIServ
     assert not other.events
     mine = tick(instance, None, a, location="shard_0")
     assert json.loads(mine.cursor)["since"] == {"a": "2026-03-01T12:00:00Z"}
+
+
+# -- 7b. the CLI: since show / set / reset, harvester show, update and remove ------------
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    """The console entry point in-process: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from oaipmh_dagster.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_cli_since_show_set_reset(database_url: str, server: OAIServer) -> None:
+    h = add_harvester("j", server.base_url)
+    code, out, _ = cli("since", "show", "j")
+    assert code == 0 and "since: - (none)" in out and "full harvest" in out
+    instance = dg.DagsterInstance.get()
+    assert run_job(h, instance).success
+    code, out, _ = cli("since", "show", "j", "--json")
+    report = json.loads(out)
+    assert (report["since"], report["source"]) == ("2026-03-01T12:00:00Z", "run")
+    assert "default overlap" in report["next_run"]
+    assert report["last_success"]["run_id"]
+    code, out, _ = cli("since", "set", "j", "2024-02-03")
+    assert code == 0 and "from=2024-02-03" in out
+    server.clear_log()
+    assert run_job(h, instance).success
+    assert list_froms(server) == ["2024-02-03T00:00:00Z"]  # exactly, no overlap
+    code, out, _ = cli("since", "reset", "j")
+    assert code == 0
+    server.clear_log()
+    assert run_job(h, instance).success
+    assert list_froms(server) == [None]
+    shown = json.loads(cli("harvester", "show", "j", "--json")[1])
+    assert shown["since"]["since"] == "2026-03-01T12:00:00Z"
+    assert "next run" in cli("harvester", "show", "j")[1]
+
+
+@pytest.mark.parametrize("args, code", [
+    (("since", "set", "j", "yesterday"), 2),
+    (("since", "set", "j", "2999-01-01"), 2),
+    (("since", "set", "nope", "2020-01-01"), 1),
+    (("since", "reset", "nope"), 1),
+    (("since", "show", "nope"), 1),
+])
+def test_cli_since_bad_input(sqlite_url: str, server: OAIServer, args: tuple, code: int) -> None:
+    add_harvester("j", server.base_url)
+    got, out, err = cli(*args)
+    assert got == code
+    assert len(err.strip().splitlines()) == 1 and err.startswith("oaipmh-dagster: error:")
+
+
+def test_cli_update_and_remove_forget_since(database_url: str, server: OAIServer) -> None:
+    h = add_harvester("j", server.base_url)
+    instance = dg.DagsterInstance.get()
+    assert run_job(h, instance).success
+    code, out, _ = cli("harvester", "update", "j", "--set", "theses", "--no-check")
+    assert code == 0 and "the next harvest is a full one" in out
+    assert since_of(instance, fresh("j")) is None
+    assert cli("harvester", "update", "j", "--all-sets", "--no-check")[0] == 0
+    assert run_job(fresh("j"), instance).success
+    assert since_of(instance, fresh("j")) == "2026-03-01T12:00:00Z"
+    # Removed and added again with the same URL: it starts afresh.
+    assert cli("harvester", "remove", "j", "--yes")[0] == 0
+    again = add_harvester("j", server.base_url)
+    assert since_of(instance, again) is None
+    assert Store().state("j") is None

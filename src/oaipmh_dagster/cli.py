@@ -237,6 +237,13 @@ def harvester_update(harvester_id: str, sets: tuple[str, ...], all_sets: bool, n
     except (InvalidHarvester, HarvesterNotFound) as exc:
         raise Failure(str(exc)) from exc
     click.echo(f"updated harvester {harvester_id}: {', '.join(sorted(changes))}")
+    if {"base_url", "metadata_prefix", "sets"} & changes.keys() and (
+        (new.base_url, new.metadata_prefix, set(new.sets))
+        != (current.base_url, current.metadata_prefix, set(current.sets))
+    ):
+        _forget_state(registry, harvester_id)
+        click.echo("the URL, prefix or sets changed: the next harvest is a full one "
+                   "(the remembered since belongs to the old selection)")
     _reload()
 
 
@@ -258,6 +265,8 @@ def harvester_remove(harvester_id: str, yes: bool, delete_records: bool) -> None
         raise Failure(f"harvester {harvester_id} not removed (confirm, or pass --yes)")
     _stop_schedule(f"harvest_oaipmh_records_{harvester_id}" if h is None else h.job_name)
     registry.remove(harvester_id)
+    _forget_state(registry, harvester_id)
+    _publish_since(harvester_id, None, "harvester removed")
     if delete_records:
         from oaipmh_dagster.store import Store
 
@@ -265,6 +274,28 @@ def harvester_remove(harvester_id: str, yes: bool, delete_records: bool) -> None
         click.echo(f"deleted {n} records of {harvester_id}")
     click.echo(f"removed harvester {harvester_id}")
     _reload()
+
+
+def _forget_state(registry: Registry, harvester_id: str) -> None:
+    """Drop the harvester's harvest state (lease and checkpoint of an interrupted
+    harvest): it belongs to a selection that no longer exists."""
+    from oaipmh_dagster.lease import state_table
+
+    with registry.engine.begin() as conn:
+        conn.execute(state_table.delete().where(state_table.c.harvester_id == harvester_id))
+
+
+def _publish_since(harvester_id: str, value: str | None, source: str,
+                   h: Harvester | None = None) -> None:
+    """Publish an operator's since for the harvester (None: the next harvest is full)."""
+    from oaipmh_dagster import incremental
+    from oaipmh_dagster.dagster_parts.assets import asset_keys
+    from oaipmh_dagster.dagster_parts.since import since_observation
+
+    scope = incremental.scope(h.base_url, h.metadata_prefix, h.sets) if h else None
+    _instance().report_runless_asset_event(
+        since_observation(asset_keys(harvester_id)[1], value, scope, source, operator=True)
+    )
 
 
 def _confirm(question: str) -> bool:
@@ -326,12 +357,82 @@ def harvester_show(harvester_id: str, as_json: bool) -> None:
     except HarvesterNotFound as exc:
         raise Failure(str(exc)) from exc
     data = h.to_dict()
+    data["since"] = _since_report(h)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
     for key, value in data.items():
-        click.echo(f"{key:>16}: {value if value not in (None, '', []) else '-'}")
+        if key != "since":
+            click.echo(f"{key:>16}: {value if value not in (None, '', []) else '-'}")
     click.echo(f"{'job/schedule':>16}: {h.job_name}")
+    click.echo(f"{'next run':>16}: {data['since']['next_run']}")
+
+
+def _since_report(h: Harvester) -> dict[str, Any]:
+    from oaipmh_dagster.dagster_parts.assets import asset_keys
+    from oaipmh_dagster.dagster_parts.since import since_report
+
+    return since_report(_instance(), h, asset_keys(h.id)[1])
+
+
+@cli.group()
+def since() -> None:
+    """Show and steer where each harvester's next incremental harvest starts."""
+
+
+def _harvester(harvester_id: str) -> Harvester:
+    try:
+        return _registry().get(harvester_id)
+    except HarvesterNotFound as exc:
+        raise Failure(str(exc)) from exc
+
+
+@since.command("show")
+@click.argument("harvester_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="As a JSON object.")
+def since_show(harvester_id: str, as_json: bool) -> None:
+    """The since the next run would use, its source, and the last successful run."""
+    report = _since_report(_harvester(harvester_id))
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    last = report["last_success"]
+    click.echo(f"since: {report['since'] or '-'} ({report['source']})")
+    click.echo(f"recorded by: {report['recorded_by'] or '-'}")
+    click.echo(f"next run: {report['next_run']}")
+    click.echo(f"last successful harvest: {last['at'] + ' (run ' + last['run_id'] + ')' if last else '-'}")
+
+
+@since.command("set")
+@click.argument("harvester_id", metavar="ID")
+@click.argument("date", metavar="DATE")
+def since_set(harvester_id: str, date: str) -> None:
+    """The next harvest asks from=DATE (YYYY-MM-DD or an ISO 8601 datetime, UTC unless
+    it has an offset); runs that started before this do not move it."""
+    from datetime import UTC
+
+    from oaipmh_dagster.oai import parse_user_datetime
+
+    h = _harvester(harvester_id)
+    try:
+        when = parse_user_datetime(date)
+    except (ValueError, OverflowError) as exc:
+        raise UsageProblem(f"since: {exc}") from exc
+    if when > datetime.now(UTC):
+        raise UsageProblem(f"since {date!r} is in the future: nothing would be harvested")
+    value = (when.strftime("%Y-%m-%d") if len(date.strip()) == 10
+             else when.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    _publish_since(h.id, value, "operator (oaipmh-dagster since set)", h)
+    click.echo(f"since of {h.id} set to {value}: the next harvest asks from={value}")
+
+
+@since.command("reset")
+@click.argument("harvester_id", metavar="ID")
+def since_reset(harvester_id: str) -> None:
+    """Forget the since: the next harvest is a full one."""
+    h = _harvester(harvester_id)
+    _publish_since(h.id, None, "operator (oaipmh-dagster since reset)", h)
+    click.echo(f"since of {h.id} reset: the next harvest is a full one")
 
 
 def _instance():  # noqa: ANN202 - DagsterInstance, imported lazily

@@ -222,3 +222,36 @@ def parse_cursor(cursor: str | None) -> tuple[dict[str, Any], list[str]]:
     if not isinstance(data.get("published", {}), dict):
         data.pop("published")
     return data, problems
+
+
+def since_report(instance: dg.DagsterInstance, h: Harvester, raw_key: dg.AssetKey
+                 ) -> dict[str, Any]:
+    """What the next run of `h` would use as since, where it came from, and the last
+    successful harvest (for `since show` and `harvester show`)."""
+    from datetime import UTC, datetime
+
+    state = current_state(instance, raw_key)
+    resolved = resolve_since(instance, h, since=None, full=False, raw_key=raw_key)
+    last = None
+    for record in instance.fetch_materializations(raw_key, limit=_MATERIALIZATIONS).records:
+        run = instance.get_run_record_by_id(record.run_id)
+        if run is not None and run.dagster_run.status == dg.DagsterRunStatus.SUCCESS:
+            last = {"run_id": record.run_id,
+                    "at": datetime.fromtimestamp(record.timestamp, UTC).strftime(
+                        "%Y-%m-%dT%H:%M:%SZ")}
+            break
+    if resolved.value is None:
+        next_run = "full harvest" + (f" ({resolved.note})" if resolved.note else "")
+    elif resolved.overlap:
+        overlap = ("the default overlap" if h.overlap is None
+                   else f"an overlap of {h.overlap} s")
+        next_run = f"incremental from {resolved.value}, asked with {overlap}"
+    else:
+        next_run = f"incremental from {resolved.value} exactly"
+    return {
+        "since": resolved.value,
+        "source": resolved.source,
+        "recorded_by": state.source if state is not None else None,
+        "next_run": next_run,
+        "last_success": last,
+    }
