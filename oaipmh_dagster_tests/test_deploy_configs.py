@@ -26,6 +26,8 @@ DEPLOY = REPO_ROOT / "deploy"
 PG_ENV = ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_DB", "DAGSTER_PG_USER",
           "DAGSTER_PG_PASSWORD")
 LIMIT_KEYS = {"oaipmh/harvester": 1, "oaipmh/host": 2}
+# The op-level host pools of the shipped dagster.yaml, which every deploy config repeats.
+POOLS = {"default_limit": 2, "granularity": "op"}
 
 # config file -> (launcher module, launcher class, the package that provides it)
 CONFIGS: dict[str, tuple[str, str, str]] = {
@@ -38,6 +40,21 @@ CONFIGS: dict[str, tuple[str, str, str]] = {
 
 def _load(name: str) -> dict[str, Any]:
     return yaml.safe_load((DEPLOY / name / "dagster.yaml").read_text())
+
+
+def _shipped_pools() -> dict[str, Any]:
+    return yaml.safe_load((REPO_ROOT / "dagster.yaml").read_text())["concurrency"]["pools"]
+
+
+def _check_concurrency(config: dict[str, Any]) -> None:
+    """Run limits only under `concurrency.runs` (per harvester and per host, one slot
+    per unique value), none under the run coordinator's config."""
+    assert not (config["run_coordinator"].get("config") or {}).get("tag_concurrency_limits")
+    runs = config["concurrency"]["runs"]
+    limits = {lim["key"]: lim for lim in runs["tag_concurrency_limits"]}
+    assert {k: v["limit"] for k, v in limits.items()} == LIMIT_KEYS
+    assert all(v["value"] == {"applyLimitPerUniqueValue": True} for v in limits.values())
+    assert runs["max_concurrent_runs"] > 0
 
 
 def _validate_instance_yaml(path: Path, tmp_path: Path) -> dict[str, Any]:
@@ -74,17 +91,15 @@ def test_deploy_config_validates(name: str, tmp_path: Path) -> None:
     checked = validate_config(DagsterPostgresStorage.config_type(),
                               raw["storage"]["postgres"])
     assert checked.success, checked.errors
-    # The queued run coordinator with the per-harvester and per-host limits.
+    # The queued run coordinator; its per-harvester and per-host limits and the host
+    # pools are the shipped dagster.yaml's `concurrency` settings.
     coordinator = config["run_coordinator"]
     assert coordinator["class"] == "QueuedRunCoordinator"
     from dagster._core.run_coordinator import QueuedRunCoordinator
 
     assert _class(coordinator["module"], coordinator["class"]) is QueuedRunCoordinator
-    limits = {lim["key"]: lim for lim in coordinator["config"]["tag_concurrency_limits"]}
-    assert {k: v["limit"] for k, v in limits.items()} == LIMIT_KEYS
-    assert all(v["value"] == {"applyLimitPerUniqueValue": True} for v in limits.values())
-    checked = validate_config(QueuedRunCoordinator.config_type(), coordinator["config"])
-    assert checked.success, checked.errors
+    _check_concurrency(config)
+    assert config["concurrency"]["pools"] == _shipped_pools()
     assert config["schedules"]["use_threads"] and config["sensors"]["use_threads"]
     # The run launcher names the module and class its package documents.
     module, cls, _ = CONFIGS[name]
@@ -107,8 +122,43 @@ def test_run_launcher_config_matches_its_class(name: str) -> None:
 
 def test_shipped_dagster_yaml_validates(tmp_path: Path) -> None:
     config = _validate_instance_yaml(REPO_ROOT / "dagster.yaml", tmp_path)
-    limits = config["run_coordinator"]["config"]["tag_concurrency_limits"]
-    assert {lim["key"]: lim["limit"] for lim in limits} == LIMIT_KEYS
+    _check_concurrency(config)
+    assert config["concurrency"]["pools"] == POOLS
+
+
+def test_shipped_dagster_yaml_concurrency_in_force(tmp_path: Path) -> None:
+    """An instance of the shipped file enforces the run limits and the host pools."""
+    from dagster._core.instance.config import PoolGranularity
+
+    home = tmp_path / "shipped_home"
+    home.mkdir()
+    shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    instance = dg.DagsterInstance.from_config(str(home))
+    try:
+        concurrency = instance.get_concurrency_config()
+        limits = {lim["key"]: lim["limit"]
+                  for lim in concurrency.run_queue_config.tag_concurrency_limits}
+        assert limits == LIMIT_KEYS
+        assert concurrency.pool_config.default_pool_limit == POOLS["default_limit"]
+        assert concurrency.pool_config.pool_granularity == PoolGranularity.OP
+    finally:
+        instance.dispose()
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_deploy_config_refused_with_limits_in_both_places(name: str, tmp_path: Path) -> None:
+    """Dagster refuses run limits under run_coordinator.config next to `concurrency`:
+    the deploy configs must keep theirs under `concurrency.runs` only."""
+    from dagster._core.errors import DagsterInvalidConfigError
+
+    raw = _load(name)
+    raw["run_coordinator"]["config"] = {
+        "tag_concurrency_limits": raw["concurrency"]["runs"]["tag_concurrency_limits"]}
+    path = tmp_path / name / "dagster.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(DagsterInvalidConfigError, match="incompatible"):
+        _validate_instance_yaml(path, tmp_path)
 
 
 def test_readme_covers_every_config() -> None:
@@ -177,6 +227,10 @@ def test_postgres_config_runs_a_job(fresh_pg: str, tmp_path: Path) -> None:
         assert isinstance(instance.event_log_storage, PostgresEventLogStorage)
         assert isinstance(instance.schedule_storage, PostgresScheduleStorage)
         assert isinstance(instance.run_coordinator, QueuedRunCoordinator)
+        concurrency = instance.get_concurrency_config()
+        assert {lim["key"]: lim["limit"] for lim in
+                concurrency.run_queue_config.tag_concurrency_limits} == LIMIT_KEYS
+        assert concurrency.pool_config.default_pool_limit == POOLS["default_limit"]
         assert type(instance.run_launcher).__name__ == "DefaultRunLauncher"
         result = deploy_check_job.execute_in_process(instance=instance)
         assert result.success and result.output_for_node("_ping") == 1
