@@ -157,3 +157,14 @@ def test_consumer_error_with_a_prefetch_in_flight(server: OAIServer) -> None:
     _, error, elapsed = _bounded(consume, 20)
     assert isinstance(error, Stop) and elapsed < 1.5
     assert not [t for t in threading.enumerate() if t.name == "oai-prefetch"]
+
+
+def test_close_cancels_requests_in_flight(server: OAIServer) -> None:
+    """Closing a client (as a failing harvest does) ends its requests still in flight in
+    other threads, such as a prefetch nobody waits for any more."""
+    server.faults.add("delay", verb="ListRecords", page=1, seconds=60)
+    client = OAIClient(server.base_url, ClientOptions(read_timeout=30, max_retries=3))
+    client.identify()
+    threading.Timer(0.5, client.close).start()
+    _, error, elapsed = _bounded(lambda: _pages(client), 20)
+    assert isinstance(error, Cancelled) and elapsed < 1.5

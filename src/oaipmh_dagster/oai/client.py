@@ -510,10 +510,12 @@ class OAIClient:
             scope.check()
 
     def close(self) -> None:
-        """Release the connection pool (the shared one when its last client closes)."""
+        """Cancel what is still in flight (a prefetch nobody waits for) and release the
+        connection pool (the shared one when its last client closes)."""
         if self._closed:
             return
         self._closed = True
+        self._cancel.cancel()
         if not self._shared:
             self._http.close()
             return
