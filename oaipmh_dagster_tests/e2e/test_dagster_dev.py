@@ -3,10 +3,12 @@
 One `dagster dev` session per storage (SQLite, PostgreSQL) walks through: launching runs
 over GraphQL; a run of a harvester whose row was deleted (old snapshot, no reload)
 failing clearly; `reloadRepositoryLocation` dropping its job; `oaipmh-dagster harvester
-add` reloading the location; the since sensor's cursor; an incremental run fetching
-exactly the new records (`from=` in the server's granularity); a failed run leaving the
-window to the next run; and a schedule toggled over GraphQL whose tick launches a run
-carrying the since recorded by the sensor."""
+add` reloading the location; the since sensor's cursor (each run's `oai/next_since`); an
+incremental run fetching exactly the new records (`from=` in the server's granularity, at
+the since for a harvester with `overlap` 0); a failed run leaving the window to the next
+run; and a schedule toggled over GraphQL whose tick launches a run that resolves the
+sensor's since when it starts (its tags show it; `from=` is one day earlier: the default
+overlap at day granularity)."""
 
 from __future__ import annotations
 
@@ -22,8 +24,12 @@ from typing import Any
 import pytest
 
 from oaipmh_dagster.dagster_parts.assets import op_name
-from oaipmh_dagster.dagster_parts.sensors import run_response_date
-from oaipmh_dagster.dagster_parts.since import SENSOR_NAME
+from oaipmh_dagster.dagster_parts.jobs import SINCE_SOURCE_TAG, SINCE_TAG
+from oaipmh_dagster.dagster_parts.since import (
+    ADVANCES_SINCE_KEY,
+    NEXT_SINCE_KEY,
+    SENSOR_NAME,
+)
 from oaipmh_dagster.demo.dataset import DAY, SECONDS, ServedRecord, make_dataset
 from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.registry import Registry
@@ -183,6 +189,20 @@ def raw_metadata(dev: DagsterDev, run_id: str) -> dict[str, Any]:
     pytest.fail(f"run {run_id} materialized no raw_records")
 
 
+def run_next_since(dev: DagsterDev, run_id: str) -> str:
+    """The since a successful run recorded (`oai/next_since` of its raw_records), which
+    must be one that advances since."""
+    meta = raw_metadata(dev, run_id)
+    assert meta[ADVANCES_SINCE_KEY] is True, meta
+    value = meta[NEXT_SINCE_KEY]
+    assert value, meta
+    return value
+
+
+def run_tags(dev: DagsterDev, run_id: str) -> dict[str, str]:
+    return dict(dev.instance().get_run_by_id(run_id).tags)
+
+
 def sensor_state(dev: DagsterDev) -> dict[str, Any]:
     sel = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY,
            "sensorName": SENSOR_NAME}
@@ -241,6 +261,11 @@ def parse_stamp(value: str) -> datetime:
     return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
 
+def day_before(value: str) -> str:
+    """The `from` of a day-granularity since asked with the default overlap (one day)."""
+    return (datetime.strptime(value, "%Y-%m-%d") - timedelta(days=1)).strftime("%Y-%m-%d")
+
+
 def new_records(tag: str, when: list[datetime]) -> list[ServedRecord]:
     return [ServedRecord(f"oai:e2e.example.org:{tag}-{i}", stamp, ("e2e",),
                          metadata={"oai_dc": OAI_DC.format(f"{tag} {i}")})
@@ -254,7 +279,8 @@ def test_dagster_dev_end_to_end(start_dagster_dev, tmp_path: Path) -> None:  # n
     secs = OAIServer(make_dataset(300, seed=5, granularity=SECONDS), page_size=100).start()
     days = OAIServer(make_dataset(60, seed=6, granularity=DAY), page_size=100).start()
     try:
-        add_harvester("e2e_manual", secs.base_url, max_retries=0, timeout=10.0)
+        # overlap 0: its incremental runs ask `from` exactly at the recorded since.
+        add_harvester("e2e_manual", secs.base_url, max_retries=0, timeout=10.0, overlap=0)
         add_harvester("e2e_cron", days.base_url, cron="* * * * *", enabled=True)
         add_harvester("e2e_gone", secs.base_url)
         step = Steps()
@@ -322,12 +348,16 @@ def _session(dev: DagsterDev, secs: OAIServer, days: OAIServer, step: Steps) -> 
     wait_for("the new harvester's job", lambda: job_name("e2e_new") in jobs(dev), 60)
 
     step("5. sensor cursor")
-    # 5. The since sensor records each successful run's server date, in its granularity.
-    since_manual = run_response_date(dev.instance(), first_manual)
-    since_cron = run_response_date(dev.instance(), first_cron)
-    assert since_manual and SECONDS_RE.match(since_manual), since_manual
-    assert since_cron and DAY_RE.match(since_cron), since_cron
-    assert raw_metadata(dev, first_manual)["records"] == len(secs.dataset)
+    # 5. The since sensor publishes each successful run's `oai/next_since` (the server's
+    #    date at the start of its lists), in the server's granularity.
+    since_manual = run_next_since(dev, first_manual)
+    since_cron = run_next_since(dev, first_cron)
+    assert SECONDS_RE.match(since_manual), since_manual
+    assert DAY_RE.match(since_cron), since_cron
+    meta = raw_metadata(dev, first_manual)
+    assert (meta["oai/mode"], meta["oai/since_source"]) == ("full", "none")
+    assert meta["records"] == len(secs.dataset)
+    assert run_tags(dev, first_manual)[SINCE_TAG] == "full"
     wait_cursor(dev, "e2e_manual", since_manual)
     wait_cursor(dev, "e2e_cron", since_cron)
 
@@ -348,11 +378,15 @@ def _session(dev: DagsterDev, secs: OAIServer, days: OAIServer, step: Steps) -> 
     secs.clear_log()
     second = launch(dev, "e2e_manual")
     assert_success(dev, second)
-    assert list_froms(secs) == [[since_manual]]
+    assert list_froms(secs) == [[since_manual]]  # overlap 0: exactly at the since
     meta = raw_metadata(dev, second)
-    assert (meta["oai/since_source"], meta["records"], meta["new"]) == ("sensor_cursor", 3, 3)
-    since_second = run_response_date(dev.instance(), second)
-    assert since_second and SECONDS_RE.match(since_second)
+    assert (meta["oai/since_source"], meta["oai/since"]) == ("run", since_manual)
+    assert (meta["oai/mode"], meta["records"], meta["new"]) == ("incremental", 3, 3)
+    tags = run_tags(dev, second)
+    assert (tags[SINCE_TAG], tags[SINCE_SOURCE_TAG]) == (since_manual, "run")
+    since_second = run_next_since(dev, second)
+    assert SECONDS_RE.match(since_second), since_second
+    assert parse_stamp(since_second) > parse_stamp(since_manual), "since did not advance"
     wait_cursor(dev, "e2e_manual", since_second)
 
     step("8. failed run, then recovery")
@@ -375,10 +409,12 @@ def _session(dev: DagsterDev, secs: OAIServer, days: OAIServer, step: Steps) -> 
     assert_success(dev, recovered)
     assert list_froms(secs) == [[since_second]]
     meta = raw_metadata(dev, recovered)
-    assert (meta["records"], meta["new"]) == (2, 2)
+    assert (meta["oai/since_source"], meta["records"], meta["new"]) == ("run", 2, 2)
+    wait_cursor(dev, "e2e_manual", run_next_since(dev, recovered))
 
     step("9. scheduled run")
-    # 9. The schedule's tick launched a run whose config carries the sensor's since.
+    # 9. The schedule's tick launched a run with no since in its config: the op resolved
+    #    the sensor's since when the run started (tags), and asked a day before it.
     tag = {"key": "dagster/schedule_name", "value": job_name("e2e_cron")}
 
     def scheduled_run() -> dict[str, Any] | None:
@@ -391,11 +427,14 @@ def _session(dev: DagsterDev, secs: OAIServer, days: OAIServer, step: Steps) -> 
                       interval=3.0, on_timeout=dev.log_tail)
     assert_success(dev, ticked["runId"])
     config = dev.instance().get_run_by_id(ticked["runId"]).run_config
-    assert config["ops"][op_name("e2e_cron")]["config"] == {"since": since_cron, "full": False}
-    tags = {t["key"]: t["value"] for t in ticked["tags"]}
-    assert tags["oaipmh/since"] == since_cron and tags["oaipmh/since_source"] == "sensor_cursor"
-    assert list_froms(days)[0] == [since_cron]
-    assert raw_metadata(dev, ticked["runId"])["records"] == 1
+    op_config = (config.get("ops") or {}).get(op_name("e2e_cron"), {}).get("config") or {}
+    assert not op_config.get("since") and not op_config.get("full"), config
+    tags = run_tags(dev, ticked["runId"])
+    assert (tags[SINCE_TAG], tags[SINCE_SOURCE_TAG]) == (since_cron, "run"), tags
+    assert list_froms(days)[0] == [day_before(since_cron)]
+    meta = raw_metadata(dev, ticked["runId"])
+    assert (meta["oai/mode"], meta["oai/since"], meta["records"]) == (
+        "incremental", day_before(since_cron), 1)
 
     step("10. stop the schedule")
     # 10. Stop it again over GraphQL: stored STOPPED.
