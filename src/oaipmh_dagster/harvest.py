@@ -78,6 +78,10 @@ class HarvestStats:
     failed: int = 0
     failed_ids: list[str] = field(default_factory=list)
     complete_list_size: int | None = None
+    # Lists that ended short of the completeListSize they announced (suspect: since
+    # does not advance), and how many lists could be judged at all.
+    short_lists: list[dict[str, Any]] = field(default_factory=list)
+    lists_judged: int = 0
     resumed_from_token: str | None = None
     duration: float = 0.0
 
@@ -116,7 +120,51 @@ class HarvestStats:
             f"{self.bytes / 1e6:.1f} MB, {self.duration:.1f} s "
             f"({self.records_per_second:.0f} records/s); since={self.since or '-'} "
             f"until={self.until or '-'} response_date={self.response_date}"
+            + (f"; since not advanced: {'; '.join(map(describe_short, self.short_lists))}"
+               if self.short_lists else "")
         )
+
+
+def describe_short(item: dict[str, Any]) -> str:
+    """One short list in words."""
+    which = f"the list of set {item['set']}" if item.get("set") else "the list"
+    return (f"{which} ended after {item['received']} of the {item['announced']} records its "
+            "first page announced (completeListSize)")
+
+
+@dataclass
+class ListTally:
+    """One list as it went by: the completeListSize its first page announced, the headers
+    it delivered, and how many came before the first page this run saw (a resumed list's
+    cursor; None when the server did not say)."""
+
+    set_spec: str | None
+    offset: int | None = 0
+    announced: int | None = None
+    received: int = 0
+
+    @classmethod
+    def start(cls, set_spec: str | None, page: Page) -> ListTally:
+        """The tally of a list whose first page in this run is `page`."""
+        if "resumptionToken" not in page.params:
+            return cls(set_spec)
+        rt = page.resumption_token
+        return cls(set_spec, offset=rt.cursor if rt is not None else None)
+
+    def add(self, page: Page) -> None:
+        rt = page.resumption_token
+        if self.announced is None and rt is not None:
+            self.announced = rt.complete_list_size
+        self.received += len(page.records) + page.duplicates_dropped + page.skipped_headers
+
+    def short(self) -> dict[str, Any] | None:
+        """What was announced and received when the list ended short, else None."""
+        if self.announced is None or self.offset is None:
+            return None
+        received = self.offset + self.received
+        if received >= self.announced:
+            return None
+        return {"set": self.set_spec, "announced": self.announced, "received": received}
 
 
 def _n(count: int, one: str, many: str | None = None) -> str:
@@ -345,6 +393,7 @@ def _decide_next_since(
         reasons.append("it was bounded by until")
     if not whole:
         reasons.append("it harvested other sets than the harvester's")
+    reasons.extend(describe_short(item) for item in stats.short_lists)
     stats.covers_selection = not reasons
     previous = since if isinstance(since, str) else None
     decided = incremental.next_since(list_start, gran, previous=previous)
@@ -399,8 +448,28 @@ def _sequential(
     start = _iso(list_start)
     if _resume_point(checkpoint, args) is not None:
         start = str(checkpoint["list_start"])  # type: ignore[index]
+    tally: ListTally | None = None
     for set_spec, page in _list_pages(client, h, args, checkpoint, stats, logger):
+        if tally is None or "resumptionToken" not in page.params:
+            tally = ListTally.start(set_spec, page)
+        tally.add(page)
+        if page.token is None:
+            _judge(tally, stats, logger)
+            tally = None
         yield page, _checkpoint(page, set_spec, h.metadata_prefix, stats, start)
+
+
+def _judge(tally: ListTally, stats: HarvestStats, logger: Any) -> None:
+    """Note a finished list that delivered fewer headers than it announced."""
+    if tally.announced is None or tally.offset is None:
+        return
+    stats.lists_judged += 1
+    short = tally.short()
+    if short is not None:
+        stats.short_lists.append(short)
+        logger.warning("%s: the records that went missing are not harvested, so since does "
+                       "not advance and the next harvest asks again from the same since",
+                       describe_short(short))
 
 
 def _iso(dt: datetime) -> str:

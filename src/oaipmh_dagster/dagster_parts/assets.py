@@ -101,8 +101,8 @@ def build_harvester_assets(h: Harvester) -> list[dg.AssetsDefinition]:
         dg.AssetCheckSpec(CHECK_NO_FAILED, asset=records_key,
                           description="No record failed to transform (warning)."),
         dg.AssetCheckSpec(CHECK_COMPLETE, asset=raw_key,
-                          description="On a full harvest, the records seen match the server's "
-                          "completeListSize."),
+                          description="Every list delivered at least the completeListSize its "
+                          "first page announced (windowed lists are not judged)."),
     ]
 
     _SNAPSHOTS[h.id] = h
@@ -283,16 +283,24 @@ def raw_metadata(stats: harvest_mod.HarvestStats, resolved: ResolvedSince) -> di
 
 
 def _complete_check(stats: harvest_mod.HarvestStats, raw_key: dg.AssetKey) -> dg.AssetCheckResult:
-    if stats.mode != "full" or stats.sets or stats.complete_list_size is None:
+    """Fails when a list ended short of the completeListSize its first page announced (the
+    same lists that keep since from advancing)."""
+    if stats.short_lists:
+        return dg.AssetCheckResult(
+            asset_key=raw_key, check_name=CHECK_COMPLETE, passed=False,
+            metadata={"short_lists": "; ".join(map(harvest_mod.describe_short,
+                                                   stats.short_lists)),
+                      "lists_judged": stats.lists_judged},
+        )
+    if not stats.lists_judged:
         return dg.AssetCheckResult(
             asset_key=raw_key, check_name=CHECK_COMPLETE, passed=True,
-            metadata={"note": "only checked on full harvests of the whole repository where "
-                      "the server sends completeListSize"},
+            metadata={"note": "no list to judge: none announced a completeListSize, or the "
+                      "harvest was windowed (a window's size is partial) or by identifier"},
         )
     return dg.AssetCheckResult(
-        asset_key=raw_key, check_name=CHECK_COMPLETE,
-        passed=stats.records == stats.complete_list_size,
-        metadata={"records": stats.records, "complete_list_size": stats.complete_list_size},
+        asset_key=raw_key, check_name=CHECK_COMPLETE, passed=True,
+        metadata={"lists_judged": stats.lists_judged},
     )
 
 
