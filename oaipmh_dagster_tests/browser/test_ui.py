@@ -2,7 +2,11 @@
 
 The four steps of the first-run tour, in order (they share one `oaipmh-dagster demo`):
 launch the job from the Launchpad, read the asset graph and the materialization, toggle
-the schedule, read the since sensor's cursor. Each step saves screenshots (conftest)."""
+the schedule, read the since sensor's cursor. Each step saves screenshots (conftest).
+
+The demo harvested once before the UI started, so the launched run is incremental: it
+resolves its since when it starts from that harvest's `oai/next_since` (source `run`,
+shown in its tags), and the since sensor then publishes the launched run's own."""
 
 from __future__ import annotations
 
@@ -40,9 +44,9 @@ query Latest($job: String!) { runsOrError(filter: {pipelineName: $job, statuses:
 """
 MATERIALIZATION_QUERY = """
 query Mat($path: [String!]!) { assetOrError(assetKey: {path: $path}) { __typename
-  ... on Asset { assetMaterializations(limit: 1) { runId metadataEntries { label
+  ... on Asset { assetMaterializations(limit: 1) { runId timestamp metadataEntries { label
     ... on TextMetadataEntry { text } ... on IntMetadataEntry { intValue }
-    ... on MarkdownMetadataEntry { mdStr } } } } } }
+    ... on BoolMetadataEntry { boolValue } ... on MarkdownMetadataEntry { mdStr } } } } } }
 """
 GROUP_QUERY = """
 query Group($group: String!, $location: String!, $repo: String!) {
@@ -98,10 +102,19 @@ def latest_materialization(ui: DagsterUI, name: str) -> tuple[str, dict[str, Any
     assert mats, f"{'/'.join(path)} was never materialized"
     values = {}
     for entry in mats[0]["metadataEntries"]:
-        for key in ("text", "intValue", "mdStr"):
+        for key in ("text", "intValue", "boolValue", "mdStr"):
             if key in entry:
                 values[entry["label"]] = entry[key]
     return mats[0]["runId"], values
+
+
+def materialization_events_url(ui: DagsterUI, name: str) -> str:
+    """The asset's Events tab focused on its newest materialization (the since sensor's
+    observations of raw_records are newer events: without `time` the tab shows those)."""
+    path = ["oaipmh", HARVESTER, name]
+    asset = ui.graphql(MATERIALIZATION_QUERY, {"path": path})["assetOrError"]
+    stamp = asset["assetMaterializations"][0]["timestamp"]
+    return f"/assets/{'/'.join(path)}?view=events&time={stamp}"
 
 
 def schedule_status(ui: DagsterUI, name: str) -> str:
@@ -180,6 +193,8 @@ def test_launch_demo_job_from_launchpad(dagster_ui: DagsterUI, page: Any, shot: 
     expect(dialog.get_by_text("Ignore the remembered since")).to_be_visible()
     shot(page, "02-launchpad")
 
+    _, before = latest_materialization(dagster_ui, "raw_records")  # the demo's harvest
+    assert before["oai/advances_since"] is True and before["oai/next_since"], before
     launch.click()
     page.wait_for_url(RUN_ID, timeout=60_000)
     run_id = RUN_ID.search(page.url).group(1)
@@ -189,6 +204,9 @@ def test_launch_demo_job_from_launchpad(dagster_ui: DagsterUI, page: Any, shot: 
     assert run["jobName"] == JOB
     tags = {t["key"]: t["value"] for t in run["tags"]}
     assert tags["oaipmh/harvester"] == HARVESTER
+    # No since in the config: the run resolved the demo harvest's since when it started.
+    assert (tags["oaipmh/since"], tags["oaipmh/since_source"]) == (
+        before["oai/next_since"], "run")
 
     # The run page follows the run live; reload once if it missed the last events.
     success = page.get_by_text("Success", exact=True).first
@@ -207,7 +225,9 @@ def test_launch_demo_job_from_launchpad(dagster_ui: DagsterUI, page: Any, shot: 
     page.get_by_role("menuitem", name=re.compile(r"^event")).click()
     page.keyboard.press("Escape")
     expect(page.get_by_text("RUN_SUCCESS")).to_have_count(0)
-    expect(page.get_by_text(re.compile(rf"^harvesting {HARVESTER} .*since=")).first).to_be_visible()
+    expect(page.get_by_text(re.compile(
+        rf"^harvesting {HARVESTER} .*since=\S+ \(from run, asked with the harvester's overlap\)"
+    )).first).to_be_visible()
     expect(page.get_by_text(re.compile(r"^page 1: \d+ records so far")).first).to_be_visible()
     expect(page.get_by_text(re.compile(rf"^harvest finished: {HARVESTER}: \d+ records"))
            .first).to_be_visible()
@@ -232,19 +252,22 @@ def test_asset_graph_and_materialization(dagster_ui: DagsterUI, page: Any, shot:
 
     raw_run, raw = latest_materialization(dagster_ui, "raw_records")
     assert raw_run == run_id
-    page.goto(f"/assets/oaipmh/{HARVESTER}/raw_records?view=events")
+    page.goto(materialization_events_url(dagster_ui, "raw_records"))
     expect(page.get_by_text("Materialized in run")).to_be_visible(timeout=60_000)
     expect(page.get_by_role("link", name=run_id[:8]).first).to_be_visible()
-    for label in ("oai/response_date", "oai/mode", "records", "new", "deleted", "pages"):
+    for label in ("oai/next_since", "oai/advances_since", "oai/scope", "oai/response_date",
+                  "oai/mode", "records", "new", "deleted", "pages"):
         expect(row_value(page, label).first).to_be_visible()
+    assert raw["oai/next_since"] and raw["oai/mode"] == "incremental", raw
+    expect(row_value(page, "oai/next_since").first).to_have_text(raw["oai/next_since"])
     expect(row_value(page, "oai/response_date").first).to_have_text(raw["oai/response_date"])
-    expect(row_value(page, "oai/since_source").first).to_have_text("sensor_cursor")
+    expect(row_value(page, "oai/since_source").first).to_have_text("run")
     shot(page, "06-raw-records-metadata")
 
     records_run, records = latest_materialization(dagster_ui, "records")
     assert records_run == run_id
     assert records["dagster/row_count"] > 0
-    page.goto(f"/assets/oaipmh/{HARVESTER}/records?view=events")
+    page.goto(materialization_events_url(dagster_ui, "records"))
     expect(page.get_by_role("link", name=run_id[:8]).first).to_be_visible(timeout=60_000)
     expect(row_value(page, "dagster/row_count").first).to_have_text(
         str(records["dagster/row_count"]))
@@ -298,10 +321,15 @@ def test_toggle_schedule(dagster_ui: DagsterUI, page: Any, shot: Any,
 
 
 def test_since_sensor_cursor(dagster_ui: DagsterUI, page: Any, shot: Any) -> None:
-    """Step 4: the since sensor's cursor holds the demo run's responseDate."""
+    """Step 4: the since sensor's cursor holds the launched run's `oai/next_since`."""
     run_id = latest_success_run(dagster_ui)
-    _, raw = latest_materialization(dagster_ui, "raw_records")
-    expected = raw["oai/response_date"]
+    raw_run, raw = latest_materialization(dagster_ui, "raw_records")
+    assert raw_run == run_id
+    expected = raw["oai/next_since"]
+    assert expected and raw["oai/advances_since"] is True, raw
+    run = dagster_ui.graphql(RUN_QUERY, {"runId": run_id})["runOrError"]
+    started_from = {t["key"]: t["value"] for t in run["tags"]}["oaipmh/since"]
+    assert expected > started_from, "the launched run did not advance since"
 
     page.goto(f"/locations/{LOCATION}/sensors/{SENSOR}")
     cursor_cell = row_value(page, "Cursor").first
@@ -318,7 +346,8 @@ def test_since_sensor_cursor(dagster_ui: DagsterUI, page: Any, shot: Any) -> Non
         page.reload()
     assert run_id in shown.get("seen", []) or shown.get("watermark")
     assert sensor_cursor(dagster_ui)["since"][HARVESTER] == expected
-    expect(page.get_by_text("Edit the cursor to re-harvest")).to_be_visible()
+    expect(page.get_by_text(re.compile(r"edit a date there \(or delete it for a full "
+                                       r"harvest\) to steer the next run"))).to_be_visible()
     shot(page, "12-since-sensor")
 
     cursor_cell.get_by_role("button", name=re.compile("Edit")).click()
