@@ -26,7 +26,7 @@ URL = "https://repo.example.org/oai"
 JSON_KEYS = {
     "id", "base_url", "metadata_prefix", "name", "sets", "transformer", "cron", "timezone",
     "enabled", "comment", "timeout", "delay", "max_parallel", "max_retries", "auth_env",
-    "overlap", "created", "updated",
+    "overlap", "reconcile_every", "created", "updated",
 }
 
 

@@ -132,6 +132,9 @@ def _http_options(f):  # noqa: ANN001, ANN202 - click decorator plumbing
                      "the remembered since (default: one day at day granularity, "
                      "5 minutes at seconds granularity)."),
         click.option("--comment", help="Free text."),
+        click.option("--reconcile-every", type=click.IntRange(min=0), metavar="N",
+                     help="Every Nth scheduled run also reconciles the store with the "
+                     "identifiers the server lists (0: never, the default)."),
     ]):
         f = opt(f)
     return f
@@ -155,6 +158,8 @@ def harvester_add(harvester_id: str, url: str, prefix: str, sets: tuple[str, ...
                   transformer: str | None, no_check: bool, **http: Any) -> None:
     """Register a harvester (probes the endpoint unless --no-check)."""
     http = {k: v for k, v in http.items() if v is not None}
+    if http.get("reconcile_every") == 0:
+        del http["reconcile_every"]
     try:
         validate_id(harvester_id)
         validate_url(url)
@@ -208,6 +213,8 @@ def harvester_update(harvester_id: str, sets: tuple[str, ...], all_sets: bool, n
     except HarvesterNotFound as exc:
         raise Failure(str(exc)) from exc
     changes = {k: v for k, v in fields.items() if v is not None}
+    if changes.get("reconcile_every") == 0:
+        changes["reconcile_every"] = None
     if url is not None:
         changes["base_url"] = url
     if prefix is not None:
@@ -462,10 +469,17 @@ def _instance():  # noqa: ANN202 - DagsterInstance, imported lazily
 @click.option("--set", "sets", multiple=True, help="Harvest this set instead of the "
               "harvester's own (repeatable).")
 @click.option("--no-resume", is_flag=True, help="Do not continue an interrupted harvest.")
+@click.option("--reconcile", is_flag=True, help="Then list every identifier the server has "
+              "and repair the store: fetch missing and stale records, tombstone the ones "
+              "no longer listed.")
 def harvest(harvester_id: str, since: str | None, until: str | None, full: bool,
-            oai_ids: tuple[str, ...], sets: tuple[str, ...], no_resume: bool) -> None:
+            oai_ids: tuple[str, ...], sets: tuple[str, ...], no_resume: bool,
+            reconcile: bool) -> None:
     """Run the job harvest_oaipmh_records_<ID> in this process on the Dagster instance."""
     _check_run_config(since, until, full, oai_ids, sets)
+    if reconcile and (oai_ids or until or sets):
+        raise UsageProblem("--reconcile compares the harvester's whole selection: it cannot "
+                           "be combined with --oai-id, --until or --set")
     try:
         _registry().get(harvester_id)
     except HarvesterNotFound as exc:
@@ -473,6 +487,8 @@ def harvest(harvester_id: str, since: str | None, until: str | None, full: bool,
     from oaipmh_dagster.dagster_parts.runner import run_harvest_job
 
     config: dict[str, Any] = {"full": full, "resume": not no_resume}
+    if reconcile:
+        config["reconcile"] = True
     if since:
         config["since"] = since
     if until:

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from oaipmh_dagster import __version__, incremental
+from oaipmh_dagster import reconcile as reconcile_mod
 from oaipmh_dagster.oai import (
     BadResumptionToken,
     ClientOptions,
@@ -82,6 +83,8 @@ class HarvestStats:
     # does not advance), and how many lists could be judged at all.
     short_lists: list[dict[str, Any]] = field(default_factory=list)
     lists_judged: int = 0
+    # The reconciliation after the lists (run config `reconcile`), when there was one.
+    reconcile: reconcile_mod.ReconcileStats | None = None
     resumed_from_token: str | None = None
     duration: float = 0.0
 
@@ -122,6 +125,7 @@ class HarvestStats:
             f"until={self.until or '-'} response_date={self.response_date}"
             + (f"; since not advanced: {'; '.join(map(describe_short, self.short_lists))}"
                if self.short_lists else "")
+            + (f"; reconcile: {self.reconcile.summary()}" if self.reconcile else "")
         )
 
 
@@ -270,15 +274,22 @@ def harvest(
     options: ClientOptions | None = None,
     client: OAIClient | None = None,
     is_stale: Callable[[str | None], bool] | None = None,
+    reconcile: bool = False,
+    since_after_lease: Callable[[], tuple[str | None, bool, bool]] | None = None,
 ) -> HarvestStats:
     """Harvest `h` into `store` and return the statistics; raise on failure.
 
     `since`/`until` are user input (a date or datetime); `full` ignores `since`;
     `overlap` asks a little before `since` (a remembered since: see `incremental`);
-    `oai_ids` fetches exactly those records with GetRecord. Each page is committed
+    `oai_ids` fetches exactly those records with GetRecord; `reconcile` then compares
+    the identifiers the server lists with the store and repairs the difference (see
+    `reconcile`; it never changes what the harvest may record as since). Each page is committed
     with its checkpoint, so a failed or killed harvest is resumed by the next one.
     The statistics say which since the harvest may record (`next_since`) and whether it
-    covered the harvester's whole selection (`covers_selection`)."""
+    covered the harvester's whole selection (`covers_selection`). `since_after_lease`,
+    when given, is called once the harvester's lease is held and returns (since, full,
+    overlap): a run that waited for another harvest of the same harvester starts from
+    the since that harvest left."""
     started = time.perf_counter()
     stats = HarvestStats(harvester_id=h.id)
     since_dt = None if full or since in (None, "") else parse_user_datetime(since)
@@ -292,6 +303,9 @@ def harvest(
     stats.sets = set_specs
     stats.scope = incremental.scope(h.base_url, h.metadata_prefix, h.sets)
     whole = sorted(set(set_specs)) == sorted(set(h.sets))
+    if reconcile and (oai_ids or until_dt is not None or not whole):
+        raise HarvestError("reconcile compares the harvester's whole selection: it cannot be "
+                           "combined with oai_ids, until or other sets than the harvester's")
     transform_fn = make_transform(h.transformer) if transform else None
     own_client = client is None
     client = client or OAIClient(h.base_url, options or client_options(h), logger=logger)
@@ -299,6 +313,11 @@ def harvest(
     ok = False
     logged = 0.0
     try:
+        if since_after_lease is not None:
+            since, full, overlap = since_after_lease()
+            since_dt = None if full or since in (None, "") else parse_user_datetime(since)
+            if since_dt and until_dt and since_dt > until_dt:
+                raise HarvestError(f"since {since} is after until {until}")
         ident = client.identify()
         gran = ident.granularity
         stats.granularity = gran.value
@@ -367,6 +386,10 @@ def harvest(
             list_start = min(list_start, resumed_start)
         _decide_next_since(stats, list_start, gran, whole=whole, oai_ids=bool(oai_ids),
                            until=until_dt is not None, since=since)
+        if reconcile:
+            store.save_checkpoint(h.id, run_id, None)  # the lists are complete
+            stats.reconcile = reconcile_mod.reconcile(client, h, store, run_id=run_id,
+                                                      transform=transform_fn, logger=logger)
         ok = True
     finally:
         cs = client.stats

@@ -26,6 +26,7 @@ ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_URL = 2048
 MAX_SHORT = 255
 MAX_OVERLAP = 30 * 86400
+MAX_RECONCILE_EVERY = 10_000
 
 DEFAULT_TRANSFORMERS = {
     "oai_dc": "oai_dc",
@@ -57,6 +58,7 @@ harvester_table = sa.Table(
     sa.Column("max_retries", sa.Integer, nullable=False),
     sa.Column("auth_env", sa.String(255), nullable=True),
     sa.Column("overlap", sa.Integer, nullable=True),
+    sa.Column("reconcile_every", sa.Integer, nullable=True),
     sa.Column("created", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated", sa.DateTime(timezone=True), nullable=False),
 )
@@ -110,6 +112,9 @@ class Harvester:
     # at seconds granularity), so records whose datestamps trail the server's clock are
     # still asked for.
     overlap: int | None = None
+    # Every Nth scheduled run also reconciles (lists every identifier and repairs the
+    # store); None: only runs that ask for it.
+    reconcile_every: int | None = None
     created: datetime | None = field(default=None, compare=False)
     updated: datetime | None = field(default=None, compare=False)
 
@@ -257,6 +262,14 @@ def validate(h: Harvester) -> None:
     ):
         raise InvalidHarvester(
             f"overlap must be a whole number of seconds in [0, {MAX_OVERLAP}], not {h.overlap!r}"
+        )
+    if h.reconcile_every is not None and (
+        isinstance(h.reconcile_every, bool) or not isinstance(h.reconcile_every, int)
+        or not 1 <= h.reconcile_every <= MAX_RECONCILE_EVERY
+    ):
+        raise InvalidHarvester(
+            f"reconcile_every must be a whole number of scheduled runs in "
+            f"[1, {MAX_RECONCILE_EVERY}], not {h.reconcile_every!r}"
         )
     if len(h.name) > MAX_SHORT:
         raise InvalidHarvester(f"name is longer than {MAX_SHORT} characters")

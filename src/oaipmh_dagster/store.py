@@ -515,6 +515,35 @@ class Store:
             )
             return {r[0]: (r[1], bool(r[2]), tuple(r[3] or ())) for r in rows}
 
+    # -- reconciliation ---------------------------------------------------------------
+
+    def tombstone_unlisted(
+        self, harvester_id: str, identifiers: Sequence[str], *, reason: str,
+        run_id: str | None, batch: int = 500,
+    ) -> int:
+        """Turn these live records into tombstones whose error says why (`reason`, e.g.
+        the server no longer lists them); returns how many changed. Each batch is one
+        transaction, fenced like a page write under `run_id`'s lease. The content hash is
+        cleared, so a record the server lists again is rewritten."""
+        c = record_table.c
+        lease = self.leases.held(harvester_id, run_id)
+        error = [{"type": "not_listed", "message": reason, "location": "reconcile"}]
+        ids = list(dict.fromkeys(identifiers))
+        changed = 0
+        for i in range(0, len(ids), batch):
+            with self.engine.begin() as conn:
+                if lease is not None:
+                    self.leases.fence(conn, lease)
+                changed += conn.execute(
+                    record_table.update()
+                    .where(c.harvester_id == harvester_id, c.deleted.is_(False),
+                           c.oai_identifier.in_(ids[i:i + batch]))
+                    .values(deleted=True, raw_xml=None, metadata=sa.null(), errors=error,
+                            harvested_at=_now(), run_id=run_id, transformed_at=None,
+                            content_hash=None)
+                ).rowcount
+        return changed
+
     # -- lease and checkpoint ---------------------------------------------------------
 
     def acquire(

@@ -11,7 +11,7 @@ from dagster._core.definitions.utils import check_valid_name
 
 from oaipmh_dagster import harvest as harvest_mod
 from oaipmh_dagster.dagster_parts.config import HarvestConfig
-from oaipmh_dagster.dagster_parts.jobs import SINCE_SOURCE_TAG, SINCE_TAG
+from oaipmh_dagster.dagster_parts.jobs import HARVESTER_TAG, SINCE_SOURCE_TAG, SINCE_TAG
 from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
 from oaipmh_dagster.dagster_parts.since import (
     ADVANCES_SINCE_KEY,
@@ -39,6 +39,9 @@ RECORD_COLUMNS = dg.TableSchema(
 HARVEST_CONFIG_SCHEMA = HarvestConfig.to_fields_dict()
 
 CHECK_NO_FAILED = "no_failed_records"
+# Set by the op on runs that reconcile; Dagster sets the schedule tag on scheduled runs.
+RECONCILE_TAG = "oaipmh/reconcile"
+SCHEDULE_TAG = "dagster/schedule_name"
 CHECK_COMPLETE = "complete_list_size_matches"
 
 
@@ -184,22 +187,31 @@ def run_harvest(
     _, raw_key, records_key = asset_keys(h.id)
     selected = context.selected_asset_keys
     if raw_key in selected:
-        resolved = resolve_since(context.instance, h, since=config.since, full=config.full,
-                                 raw_key=raw_key)
-        if resolved.note:
-            context.log.warning(resolved.note)
-        context.log.info(
-            "harvesting %s (%s, prefix %s, sets %s) since=%s (from %s%s) until=%s%s",
-            h.id, h.base_url, h.metadata_prefix, list(config.sets or h.sets) or "all",
-            resolved.value or "-", resolved.source,
-            ", asked with the harvester's overlap" if resolved.overlap else "",
-            config.until or "-",
-            f", {len(config.oai_ids)} identifiers" if config.oai_ids else "",
-        )
-        context.instance.add_run_tags(context.run_id, {
-            SINCE_TAG: resolved.value or "full", SINCE_SOURCE_TAG: resolved.source,
-        })
+        reconcile = wants_reconcile(context.instance, context.dagster_run, h, config.reconcile)
         instance, run_id = context.instance, context.run_id
+        resolved_box: list[ResolvedSince] = []
+
+        def since_after_lease() -> tuple[str | None, bool, bool]:
+            """Resolve since once the lease is held (after any harvest it waited for)."""
+            resolved = resolve_since(instance, h, since=config.since, full=config.full,
+                                     raw_key=raw_key)
+            resolved_box.append(resolved)
+            if resolved.note:
+                context.log.warning(resolved.note)
+            context.log.info(
+                "harvesting %s (%s, prefix %s, sets %s) since=%s (from %s%s) until=%s%s",
+                h.id, h.base_url, h.metadata_prefix, list(config.sets or h.sets) or "all",
+                resolved.value or "-", resolved.source,
+                ", asked with the harvester's overlap" if resolved.overlap else "",
+                config.until or "-",
+                f", {len(config.oai_ids)} identifiers" if config.oai_ids else "",
+            )
+            instance.add_run_tags(run_id, {
+                SINCE_TAG: resolved.value or "full", SINCE_SOURCE_TAG: resolved.source,
+                **({RECONCILE_TAG: "true"} if reconcile else {}),
+            })
+            return (resolved.value, config.full or resolved.value is None,
+                    resolved.overlap)
 
         def is_stale(other_run: str | None) -> bool:
             if other_run is None:
@@ -208,11 +220,11 @@ def run_harvest(
             return record is None or record.is_finished
 
         stats = harvest_mod.harvest(
-            h, store, run_id=run_id, since=resolved.value, until=config.until,
-            full=config.full or resolved.value is None, overlap=resolved.overlap,
-            oai_ids=config.oai_ids, sets=config.sets, resume=config.resume,
-            logger=context.log, is_stale=is_stale,
+            h, store, run_id=run_id, until=config.until, oai_ids=config.oai_ids,
+            sets=config.sets, resume=config.resume, logger=context.log, is_stale=is_stale,
+            reconcile=reconcile, since_after_lease=since_after_lease,
         )
+        resolved = resolved_box[0]
         meta = raw_metadata(stats, resolved)
         note = meta.get("oai/since_note")
         if note:
@@ -239,6 +251,28 @@ def run_harvest(
             metadata={"failed_sample": ", ".join(failed) or "none",
                       "failed_in_store": store.counts(h.id)["failed"]},
         )
+
+
+def wants_reconcile(instance: dg.DagsterInstance, run: dg.DagsterRun, h: Harvester,
+                    asked: bool | None) -> bool:
+    """Whether this run reconciles: as its config says, else on a scheduled run when none
+    of the harvester's previous `reconcile_every - 1` scheduled runs reconciled with
+    success (so every Nth scheduled run, and the first; a failed one is tried again)."""
+    if asked is not None:
+        return asked
+    every = h.reconcile_every
+    if not every or run.tags.get(SCHEDULE_TAG) != h.job_name:
+        return False
+    if every == 1:
+        return True
+    records = instance.get_run_records(
+        filters=dg.RunsFilter(tags={HARVESTER_TAG: h.id, SCHEDULE_TAG: h.job_name}),
+        limit=every,
+    )
+    previous = [r.dagster_run for r in records if r.dagster_run.run_id != run.run_id]
+    return not any(p.tags.get(RECONCILE_TAG) == "true"
+                   and p.status == dg.DagsterRunStatus.SUCCESS
+                   for p in previous[:every - 1])
 
 
 def raw_metadata(stats: harvest_mod.HarvestStats, resolved: ResolvedSince) -> dict:
@@ -279,6 +313,15 @@ def raw_metadata(stats: harvest_mod.HarvestStats, resolved: ResolvedSince) -> di
         meta["oai/complete_list_size"] = stats.complete_list_size
     if stats.resumed_from_token:
         meta["oai/resumed_from_token"] = stats.resumed_from_token
+    meta["oai/reconcile"] = stats.reconcile is not None
+    if stats.reconcile is not None:
+        r = stats.reconcile
+        meta.update({"oai/reconcile_listed": r.listed,
+                     "oai/reconcile_missing_fetched": r.missing_fetched,
+                     "oai/reconcile_stale_fetched": r.stale_fetched,
+                     "oai/reconcile_tombstoned": r.tombstoned,
+                     "oai/reconcile_kept": r.kept,
+                     "oai/reconcile_vanished": r.vanished})
     return meta
 
 

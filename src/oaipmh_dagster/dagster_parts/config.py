@@ -40,3 +40,12 @@ class HarvestConfig(dg.Config):
             "when its resumption token is still accepted."
         ),
     )
+    reconcile: bool | None = Field(
+        default=None,
+        description=(
+            "After harvesting, list every identifier of the harvester's selection and "
+            "compare with the store: fetch what is missing or stale, tombstone what the "
+            "server no longer lists. Empty: only on the scheduled runs the harvester's "
+            "reconcile_every asks for. Not with oai_ids, until or other sets."
+        ),
+    )

@@ -414,6 +414,7 @@ class OAIServer:
         token_ttl: float | None = None,
         path: str = "/oai",
         snapshot_lists: bool = False,
+        offset_tokens: bool = False,
     ) -> None:
         if page_size < 1:
             raise ValueError("page_size must be at least 1")
@@ -428,6 +429,9 @@ class OAIServer:
         # Like search-backed servers (Invenio, Zenodo): a list's tokens page over the
         # records as they were at its first request, whatever changes after.
         self.snapshot_lists = snapshot_lists
+        # Like servers whose tokens carry a position (SQL OFFSET): a list that changes
+        # before that position makes the next page repeat or skip records.
+        self.offset_tokens = offset_tokens
         self._snapshots: dict[int, tuple[ServedRecord, ...]] = {}
         self._snapshot_ids = itertools.count(1)
         self.clock: Callable[[], datetime] = lambda: datetime.now(UTC)
@@ -877,7 +881,10 @@ class OAIServer:
                 self._snapshots[snapshot] = view
         if not view and token is None:
             raise _OAIError("noRecordsMatch", "No records match the request.")
-        start = 0 if last is None else bisect.bisect_right(view, last, key=_record_key)
+        if self.offset_tokens:
+            start = cursor
+        else:
+            start = 0 if last is None else bisect.bisect_right(view, last, key=_record_key)
         chunk = () if kind == "empty_page" else view[start : start + self.page_size]
         more = kind == "empty_page" or start + len(chunk) < len(view)
         issued = self._now().timestamp()
