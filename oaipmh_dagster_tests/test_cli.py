@@ -202,7 +202,8 @@ def test_list_and_show(run, database_url: str) -> None:
     r = run("harvester", "show", "beta", "--json")
     assert r.code == 0
     shown = json.loads(r.out)
-    assert set(shown) == JSON_KEYS
+    assert set(shown) == JSON_KEYS | {"since"}
+    assert shown["since"]["source"] == "none" and shown["since"]["since"] is None
     assert shown["sets"] == ["s1", "s2"] and shown["cron"] == "*/10 * * * *"
     assert shown["created"].endswith("Z")
     assert Harvester.from_dict(shown) == registry().get("beta")
