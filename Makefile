@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src oaipmh_dagster_tests benchmarks
+	$(BIN)/ruff check oaipmh_dagster oaipmh_dagster_tests benchmarks
 
 # Debian's Chromium for the browser tests (never a downloaded browser); without it,
 # and without root to install it, the browser tests skip with a reason.
@@ -25,7 +25,7 @@ chromium:
 	@bash scripts/install-chromium.sh || echo "note: Chromium not installed: browser tests will skip"
 
 test: $(STAMP) chromium
-	$(BIN)/ruff check src oaipmh_dagster_tests benchmarks
+	$(BIN)/ruff check oaipmh_dagster oaipmh_dagster_tests benchmarks
 	$(BIN)/python -m pytest
 
 demo: $(STAMP)
@@ -37,4 +37,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info src/*.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info .mypy_cache
