@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import cast
+
 from lxml import etree
 
 _Element = etree._Element
@@ -45,9 +48,14 @@ def clean(value: str | None) -> str | None:
     return value or None
 
 
+def texts(el: etree._Element) -> Iterator[str]:
+    """The text nodes of `el` (lxml gives str for parsed XML)."""
+    return cast(Iterator[str], el.itertext())
+
+
 def text_of(el: _Element) -> str | None:
     """The element's text (including any child text), stripped; ``None`` when blank."""
-    value = "".join(el.itertext()) if len(el) else el.text
+    value = "".join(texts(el)) if len(el) else el.text
     if value:
         value = value.strip()
     return value or None

@@ -18,7 +18,15 @@ from typing import Any
 
 from lxml import etree
 
-from ._util import TransformError, attr, element_path, localname, namespace_of, text_of
+from ._util import (
+    TransformError,
+    attr,
+    element_path,
+    localname,
+    namespace_of,
+    text_of,
+    texts,
+)
 
 _XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
 _ANY_RESOURCE = "{*}resource"
@@ -222,7 +230,7 @@ class _Schema:
             if child.tag == self.br:
                 parts.append("\n")
             elif isinstance(child.tag, str):
-                parts.append("".join(child.itertext()))
+                parts.append("".join(texts(child)))
             parts.append(child.tail or "")
         return "".join(parts).strip() or None
 

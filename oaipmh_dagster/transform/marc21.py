@@ -17,7 +17,7 @@ from typing import Any
 
 from lxml import etree
 
-from ._util import TransformError, clean, element_path, localname
+from ._util import TransformError, clean, element_path, localname, texts
 
 MARC_NS = "http://www.loc.gov/MARC21/slim"
 _ANY_RECORD = "{*}record"
@@ -76,9 +76,9 @@ def transform(root: etree._Element) -> dict[str, Any]:
         name = localname(child.tag)
         if name == "datafield":
             tag = _required_tag(child)
-            subfields = []
+            subfields: list[dict[str, str]] = []
             for sub in child.iterchildren("{*}subfield"):
-                value = clean("".join(sub.itertext()) if len(sub) else sub.text)
+                value = clean("".join(texts(sub)) if len(sub) else sub.text)
                 if value is not None:
                     subfields.append({"code": sub.get("code") or "", "value": value})
             field = {
@@ -95,9 +95,9 @@ def transform(root: etree._Element) -> dict[str, Any]:
                 author = _trim(_first_subfield(field, "a"))
             elif tag == "020" or tag == "022":
                 target = isbn if tag == "020" else issn
-                for sub in subfields:
-                    if sub["code"] == "a":
-                        target.append(sub["value"].split()[0])
+                for entry in subfields:
+                    if entry["code"] == "a" and entry["value"].split():
+                        target.append(entry["value"].split()[0])
         elif name == "controlfield":
             control_fields.append({"tag": _required_tag(child), "value": child.text or None})
         elif name == "leader":

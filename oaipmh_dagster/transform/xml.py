@@ -34,10 +34,11 @@ def _special(node: etree._Element) -> dict[str, Any]:
     tag = node.tag
     if tag is _Comment:
         return {"comment": node.text or ""}
+    special: Any = node  # a _ProcessingInstruction or an _Entity
     if tag is _PI:
-        return {"pi": node.target, "text": node.text}
+        return {"pi": special.target, "text": node.text}
     if tag is _Entity:
-        return {"entity": node.name}
+        return {"entity": special.name}
     raise TypeError(f"unexpected node {node!r}")
 
 
@@ -52,7 +53,7 @@ def element_to_dict(el: etree._Element) -> dict[str, Any]:
         if text:
             out["text"] = text
         return out
-    mixed = bool(text) and not text.isspace()
+    mixed = bool(text and not text.isspace())
     children: list[Any] = []
     for child in el:
         children.append(element_to_dict(child) if type(child.tag) is str else _special(child))
