@@ -25,13 +25,13 @@ from .errors import (
     BadResumptionToken,
     Cancelled,
     CannotDisseminateFormat,
-    DataError,
-    HTTPStatusError,
     IdDoesNotExist,
     NoRecordsMatch,
     NoSetHierarchy,
+    OAIDataError,
     OAIError,
-    TransportError,
+    OAIHTTPStatusError,
+    OAITransportError,
 )
 from .models import ClientStats, Header, Identify, MetadataFormat, OAISet, Page, Record
 from .parse import (
@@ -561,7 +561,7 @@ class OAIClient:
         limit = self.options.max_response_bytes
         declared = resp.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
-            raise DataError(
+            raise OAIDataError(
                 f"response of {int(declared)} bytes exceeds the maximum of {limit} bytes",
                 url=url,
                 token=token,
@@ -571,7 +571,7 @@ class OAIClient:
         for chunk in resp.iter_bytes():
             total += len(chunk)
             if total > limit:
-                raise DataError(
+                raise OAIDataError(
                     f"response exceeds the maximum of {limit} bytes", url=url, token=token
                 )
             chunks.append(chunk)
@@ -596,18 +596,18 @@ class OAIClient:
                 out.append(piece)
                 total += len(piece)
                 if total > limit or d.unconsumed_tail:
-                    raise DataError(
+                    raise OAIDataError(
                         f"decompressed response exceeds the maximum of {limit} bytes",
                         url=url,
                         token=token,
                     )
                 if not d.eof:
-                    raise DataError(
+                    raise OAIDataError(
                         "gzip response is truncated", url=url, token=token, retryable=True
                     )
                 data = d.unused_data  # concatenated gzip members
         except zlib.error as exc:
-            raise DataError(
+            raise OAIDataError(
                 f"gzip response cannot be decompressed: {exc}", url=url, token=token, retryable=True
             ) from None
         return b"".join(out)
@@ -655,7 +655,7 @@ class OAIClient:
                 _current.request = None
                 scope.discard(request)
                 self._host.release()
-        raise TransportError(
+        raise OAITransportError(
             f"more than {_MAX_REDIRECTS} redirects", url=self.url_for(params), token=token
         )
 
@@ -688,16 +688,16 @@ class OAIClient:
                     try:
                         body = apply_http_charset(body, headers.get("content-type"))
                         return handler(body, shown, status)
-                    except DataError as exc:
+                    except OAIDataError as exc:
                         if status >= 400:
-                            raise HTTPStatusError(
+                            raise OAIHTTPStatusError(
                                 f"HTTP {status} without an OAI-PMH response ({exc.message})",
                                 status_code=status,
                                 url=shown,
                                 token=token,
                             ) from None
                         raise
-            except DataError as exc:
+            except OAIDataError as exc:
                 if not exc.retryable:
                     raise
                 last_error = exc
@@ -710,13 +710,13 @@ class OAIClient:
                 reason = f"{type(exc).__name__}: {exc}"
             if attempt >= self.options.max_retries:
                 attempts = attempt + 1
-                if isinstance(last_error, DataError):
-                    raise DataError(
+                if isinstance(last_error, OAIDataError):
+                    raise OAIDataError(
                         f"{last_error.message}; gave up after {attempts} attempts",
                         url=shown,
                         token=token,
                     )
-                raise TransportError(
+                raise OAITransportError(
                     f"{reason}; gave up after {attempts} attempts", url=shown, token=token
                 )
             if retry_after is not None:
@@ -919,7 +919,7 @@ class OAIClient:
             if rt is None or not rt.token:
                 return
             if rt.token == token or loops.repeated(rt.token):
-                raise DataError(
+                raise OAIDataError(
                     "resumptionToken loop: the server sent a token it already sent",
                     url=self.url_for(params),
                     token=rt.token,
@@ -927,7 +927,7 @@ class OAIClient:
             if count == 0:
                 empty += 1
                 if empty > self.options.max_empty_pages:
-                    raise DataError(
+                    raise OAIDataError(
                         f"{empty} pages in a row with a resumptionToken but no records",
                         url=self.url_for(params),
                         token=rt.token,

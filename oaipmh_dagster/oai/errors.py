@@ -2,11 +2,11 @@
 
 Three families under :class:`OAIError`, so a caller can tell them apart:
 
-* :class:`ProtocolError`: the server answered with an OAI-PMH ``<error>``;
+* :class:`OAIProtocolError`: the server answered with an OAI-PMH ``<error>``;
   one subclass per error code, looked up by the code's name.
-* :class:`TransportError`: the server could not be asked (connection, timeout,
+* :class:`OAITransportError`: the server could not be asked (connection, timeout,
   HTTP status without an OAI-PMH body, retries exhausted).
-* :class:`DataError`: the server answered, but the answer is unusable
+* :class:`OAIDataError`: the server answered, but the answer is unusable
   (not well-formed, HTML, too large, unsafe, a resumption token loop ...).
 """
 
@@ -14,13 +14,15 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from oaipmh_dagster.errors import OAIPMHDagsterError
+
 __all__ = [
     "OAIError",
-    "ProtocolError",
-    "TransportError",
-    "HTTPStatusError",
+    "OAIProtocolError",
+    "OAITransportError",
+    "OAIHTTPStatusError",
     "Cancelled",
-    "DataError",
+    "OAIDataError",
     "DatestampError",
     "BadArgument",
     "BadResumptionToken",
@@ -44,7 +46,7 @@ def _where(url: str | None, token: str | None) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-class OAIError(Exception):
+class OAIError(OAIPMHDagsterError):
     """Base of every error raised by the OAI-PMH client."""
 
     def __init__(self, message: str, *, url: str | None = None, token: str | None = None) -> None:
@@ -54,15 +56,15 @@ class OAIError(Exception):
         super().__init__(message + _where(url, token))
 
 
-class TransportError(OAIError):
+class OAITransportError(OAIError):
     """The request could not be completed (network, timeout, HTTP status, retries)."""
 
 
-class Cancelled(TransportError):
+class Cancelled(OAITransportError):
     """The request was cancelled: the caller is stopping (never retried)."""
 
 
-class HTTPStatusError(TransportError):
+class OAIHTTPStatusError(OAITransportError):
     """An HTTP error status without an OAI-PMH body (not retried)."""
 
     def __init__(
@@ -72,7 +74,7 @@ class HTTPStatusError(TransportError):
         super().__init__(message, url=url, token=token)
 
 
-class DataError(OAIError):
+class OAIDataError(OAIError):
     """The response was received but cannot be used.
 
     ``retryable`` tells whether asking again may help (a truncated page may
@@ -91,11 +93,11 @@ class DataError(OAIError):
         super().__init__(message, url=url, token=token)
 
 
-class DatestampError(DataError, ValueError):
+class DatestampError(OAIDataError, ValueError):
     """A datestamp that cannot be read (also a :class:`ValueError`)."""
 
 
-class ProtocolError(OAIError):
+class OAIProtocolError(OAIError):
     """The server answered with an OAI-PMH error; ``code`` is its code name.
 
     ``response_date`` is the server's responseDate of the error response, when read.
@@ -121,19 +123,19 @@ class ProtocolError(OAIError):
         super().__init__(text, url=url, token=token)
 
 
-class BadArgument(ProtocolError):
+class BadArgument(OAIProtocolError):
     code = "badArgument"
 
 
-class BadResumptionToken(ProtocolError):
+class BadResumptionToken(OAIProtocolError):
     code = "badResumptionToken"
 
 
-class BadVerb(ProtocolError):
+class BadVerb(OAIProtocolError):
     code = "badVerb"
 
 
-class CannotDisseminateFormat(ProtocolError):
+class CannotDisseminateFormat(OAIProtocolError):
     """The metadata format is not offered; ``prefix`` and ``offered`` say more when known."""
 
     code = "cannotDisseminateFormat"
@@ -161,23 +163,23 @@ class CannotDisseminateFormat(ProtocolError):
         self.server_message = message
 
 
-class IdDoesNotExist(ProtocolError):
+class IdDoesNotExist(OAIProtocolError):
     code = "idDoesNotExist"
 
 
-class NoMetadataFormats(ProtocolError):
+class NoMetadataFormats(OAIProtocolError):
     code = "noMetadataFormats"
 
 
-class NoRecordsMatch(ProtocolError):
+class NoRecordsMatch(OAIProtocolError):
     code = "noRecordsMatch"
 
 
-class NoSetHierarchy(ProtocolError):
+class NoSetHierarchy(OAIProtocolError):
     code = "noSetHierarchy"
 
 
-ERROR_CLASSES: dict[str, type[ProtocolError]] = {
+ERROR_CLASSES: dict[str, type[OAIProtocolError]] = {
     cls.code: cls
     for cls in (
         BadArgument,
@@ -194,9 +196,9 @@ ERROR_CLASSES: dict[str, type[ProtocolError]] = {
 
 def protocol_error(
     code: str, message: str = "", *, url: str | None = None, token: str | None = None
-) -> ProtocolError:
-    """Build the exception for an OAI-PMH error code (unknown codes give a plain ProtocolError)."""
+) -> OAIProtocolError:
+    """Build the exception for an OAI-PMH error code (unknown codes give a plain OAIProtocolError)."""
     cls = ERROR_CLASSES.get(code)
     if cls is None:
-        return ProtocolError(message, code=code or "unknown", url=url, token=token)
+        return OAIProtocolError(message, code=code or "unknown", url=url, token=token)
     return cls(message, url=url, token=token)

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from .datestamps import Granularity, parse_datestamp
-from .errors import DataError
+from .errors import OAIDataError
 
 __all__ = [
     "Header",
@@ -36,7 +36,7 @@ class Header:
         """The datestamp as an aware UTC datetime, or None when unreadable."""
         try:
             return parse_datestamp(self.datestamp)
-        except DataError:
+        except OAIDataError:
             return None
 
 

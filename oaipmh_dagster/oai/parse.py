@@ -9,7 +9,7 @@ A record whose metadata breaks the parser's limits (a text node over 10 MB, nest
 deeper than 256 levels) does not sink its page: when the first parse fails on a limit,
 the page is scanned with expat, that record's metadata is left out, the page is parsed
 again and the record carries a ``parse_error``. A page that can never parse (broken
-markup, another root element) is a :class:`DataError` that asking again will not
+markup, another root element) is a :class:`OAIDataError` that asking again will not
 cure; a page that ends early (truncated) may come back whole and is retryable.
 """
 
@@ -28,7 +28,7 @@ from xml.parsers import expat
 from lxml import etree
 
 from .datestamps import Granularity, parse_datestamp
-from .errors import DataError, DatestampError, protocol_error
+from .errors import DatestampError, OAIDataError, protocol_error
 from .models import Header, Identify, MetadataFormat, OAISet, Record, ResumptionToken
 
 __all__ = [
@@ -237,48 +237,48 @@ def _looks_like_html(body: bytes) -> bool:
 def _refuse_entities(body: bytes, url: str | None, token: str | None) -> None:
     doctype = body.find(_DOCTYPE, 0, 65536)
     if doctype >= 0 and body.find(_ENTITY, doctype) >= 0:
-        raise DataError(
+        raise OAIDataError(
             "refused a response that declares XML entities (DOCTYPE with <!ENTITY>)",
             url=url,
             token=token,
         )
 
 
-def _syntax_error(body: bytes, exc: Exception, url: str | None, token: str | None) -> DataError:
+def _syntax_error(body: bytes, exc: Exception, url: str | None, token: str | None) -> OAIDataError:
     if _looks_like_html(body):
-        return DataError(
+        return OAIDataError(
             "received an HTML page instead of OAI-PMH XML", url=url, token=token, retryable=True
         )
     if isinstance(exc, etree.XMLSyntaxError):
         where = _excerpt(body, exc.position)
         head = body[:256].lstrip()
         if head and head[:1] not in b"<\xef\xfe\xff\x00":
-            return DataError(
+            return OAIDataError(
                 f"response is not well-formed XML (not XML at all): {_opening(body)!r}",
                 url=url,
                 token=token,
                 retryable=True,
             )
         if _ends_early(body, exc):
-            return DataError(
+            return OAIDataError(
                 f"response is not well-formed XML (it ends early): {exc.msg}{where}",
                 url=url,
                 token=token,
                 retryable=True,
             )
-        return DataError(f"response is not well-formed XML: {exc.msg}{where}", url=url, token=token)
-    return DataError(f"response cannot be parsed: {exc}", url=url, token=token)
+        return OAIDataError(f"response is not well-formed XML: {exc.msg}{where}", url=url, token=token)
+    return OAIDataError(f"response cannot be parsed: {exc}", url=url, token=token)
 
 
 def _checked(root: etree._Element, url: str | None, token: str | None) -> etree._Element:
     dtd = root.getroottree().docinfo.internalDTD
     if dtd is not None and any(True for _ in dtd.iterentities()):
-        raise DataError("refused a response that declares XML entities", url=url, token=token)
+        raise OAIDataError("refused a response that declares XML entities", url=url, token=token)
     return root
 
 
 def parse_xml(body: bytes, *, url: str | None = None, token: str | None = None) -> etree._Element:
-    """Parse bytes with the hardened parser; DataError when unsafe or not well-formed."""
+    """Parse bytes with the hardened parser; OAIDataError when unsafe or not well-formed."""
     _refuse_entities(body, url, token)
     try:
         root = etree.fromstring(body, _parser())
@@ -478,7 +478,7 @@ def _parse_bounded(
     body: bytes, failure: Exception, url: str | None, token: str | None
 ) -> tuple[etree._Element, dict[int, dict[str, str]]]:
     """Parse a page whose first parse hit a limit, leaving out the record content that
-    broke it; DataError when something else broke it."""
+    broke it; OAIDataError when something else broke it."""
     utf8 = _as_utf8(body)
     if utf8 is None:
         raise _syntax_error(body, failure, url, token)
@@ -487,7 +487,7 @@ def _parse_bounded(
     except expat.ExpatError:
         raise _syntax_error(body, failure, url, token) from None
     if scan.fatal is not None:
-        raise DataError(f"response cannot be read: {scan.fatal}", url=url, token=token)
+        raise OAIDataError(f"response cannot be read: {scan.fatal}", url=url, token=token)
     pieces, pos = [], 0
     for start, end in scan.cuts:
         pieces.append(utf8[pos:start])
@@ -516,10 +516,10 @@ class Envelope:
     """Errors of records whose content was left out, by index among the payload's records."""
 
     def payload(self, verb: str, *, url: str | None = None, token: str | None = None) -> Any:
-        """The element named after the verb; DataError when missing."""
+        """The element named after the verb; OAIDataError when missing."""
         el = self.root.find(self.ns + verb)
         if el is None:
-            raise DataError(f"OAI-PMH response has no <{verb}> element", url=url, token=token)
+            raise OAIDataError(f"OAI-PMH response has no <{verb}> element", url=url, token=token)
         return el
 
 
@@ -530,7 +530,7 @@ def read_envelope(
     token: str | None = None,
     logger: Any = None,
 ) -> Envelope:
-    """Strip, parse and check one OAI-PMH response; raise the ProtocolError it carries."""
+    """Strip, parse and check one OAI-PMH response; raise the OAIProtocolError it carries."""
     size = len(body)
     root, stripped, record_errors = _parse_page(body, url, token)
     if stripped:
@@ -539,11 +539,11 @@ def read_envelope(
         )
     tag = root.tag
     if not isinstance(tag, str):
-        raise DataError("response has no root element", url=url, token=token, retryable=True)
+        raise OAIDataError("response has no root element", url=url, token=token, retryable=True)
     qname = etree.QName(tag)
     if qname.localname != "OAI-PMH":
         if qname.localname.lower() == "html":
-            raise DataError(
+            raise OAIDataError(
                 "received an HTML page instead of OAI-PMH XML", url=url, token=token, retryable=True
             )
         raise _not_oai(root, qname.localname, body, url, token)
@@ -567,7 +567,7 @@ def read_envelope(
 
 def _not_oai(
     root: etree._Element, name: str, body: bytes, url: str | None, token: str | None
-) -> DataError:
+) -> OAIDataError:
     """A well-formed answer that is not OAI-PMH: asking again will not change it."""
     if name == "error":
         code = (root.get("code") or "").strip()
@@ -578,7 +578,7 @@ def _not_oai(
         )
     else:
         message = f"not an OAI-PMH response (root element <{name}>): {_opening(body)!r}"
-    return DataError(message, url=url, token=token)
+    return OAIDataError(message, url=url, token=token)
 
 
 def _text(el: etree._Element | None) -> str:
@@ -712,7 +712,7 @@ def parse_get_record(env: Envelope, *, url: str | None = None) -> Record:
     el = container.find(env.ns + "record")
     record = _record(el, env.ns) if el is not None else None
     if record is None:
-        raise DataError("GetRecord response has no usable record", url=url)
+        raise OAIDataError("GetRecord response has no usable record", url=url)
     record.parse_error = env.record_errors.get(0)
     return record
 

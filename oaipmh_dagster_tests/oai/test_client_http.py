@@ -12,10 +12,10 @@ import pytest
 
 from oaipmh_dagster.oai import (
     ClientOptions,
-    DataError,
-    HTTPStatusError,
     OAIClient,
-    TransportError,
+    OAIDataError,
+    OAIHTTPStatusError,
+    OAITransportError,
 )
 from oaipmh_dagster.oai.client import parse_retry_after
 
@@ -92,7 +92,7 @@ def test_server_errors_retried_with_bounded_backoff(status):
     route = sequence(httpx.Response(status, text="oops"))
     options = ClientOptions(max_retries=6, backoff_base=1.0, backoff_max=8.0)
     client, server, sleep = make_client(route, options)
-    with pytest.raises(TransportError) as info:
+    with pytest.raises(OAITransportError) as info:
         client.identify()
     assert f"HTTP {status}" in str(info.value)
     assert "gave up after 7 attempts" in str(info.value)
@@ -113,7 +113,7 @@ def test_503_without_retry_after_backs_off():
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 410])
 def test_client_errors_not_retried(status):
     client, server, sleep = make_client(sequence(httpx.Response(status, text="<html>no</html>")))
-    with pytest.raises(HTTPStatusError) as info:
+    with pytest.raises(OAIHTTPStatusError) as info:
         client.identify()
     assert info.value.status_code == status
     assert f"HTTP {status}" in str(info.value)
@@ -137,7 +137,7 @@ def test_timeouts_retried_then_transport_error():
         raise httpx.ReadTimeout("slow")
 
     client, server, sleep = make_client(route, ClientOptions(max_retries=3, backoff_base=0.1))
-    with pytest.raises(TransportError, match="timeout") as info:
+    with pytest.raises(OAITransportError, match="timeout") as info:
         client.identify()
     assert len(server.requests) == 4
     assert len(sleep.waits) == 3
@@ -162,7 +162,7 @@ def test_html_page_retried_then_data_error():
         sequence(httpx.Response(200, text="<html><body>maintenance</body></html>")),
         ClientOptions(max_retries=2, backoff_base=0.01),
     )
-    with pytest.raises(DataError, match="HTML") as info:
+    with pytest.raises(OAIDataError, match="HTML") as info:
         list(client.list_records("oai_dc"))
     assert "gave up after 3 attempts" in str(info.value)
     assert len(server.requests) == 3
@@ -201,7 +201,7 @@ def test_response_too_large_streamed():
             yield body[i : i + 1000]
 
     client, server, sleep = make_client(sequence(httpx.Response(200, content=stream())), options)
-    with pytest.raises(DataError, match="exceeds the maximum of 5000 bytes"):
+    with pytest.raises(OAIDataError, match="exceeds the maximum of 5000 bytes"):
         list(client.list_records("oai_dc"))
     assert len(server.requests) == 1  # not retried
     assert len(chunks_sent) <= 7  # stopped reading early
@@ -210,14 +210,14 @@ def test_response_too_large_streamed():
 def test_declared_length_too_large():
     body = list_records_xml([f"id{i}" for i in range(50)])
     client, _, _ = make_client(sequence(body), ClientOptions(max_response_bytes=1000))
-    with pytest.raises(DataError, match="exceeds"):
+    with pytest.raises(OAIDataError, match="exceeds"):
         list(client.list_records("oai_dc"))
 
 
 def test_gzip_bomb_without_header_bounded():
     bomb = gzip.compress(b"<" + b" " * 5_000_000)
     client, _, _ = make_client(sequence(bomb), ClientOptions(max_response_bytes=100_000))
-    with pytest.raises(DataError, match="decompressed response exceeds"):
+    with pytest.raises(OAIDataError, match="decompressed response exceeds"):
         client.identify()
 
 
@@ -263,7 +263,7 @@ def test_bearer_token_and_userinfo_never_in_errors(caplog):
     client = OAIClient(
         "http://oai.test/oai", options, transport=server.transport(), sleep=SleepRecorder()
     )
-    with caplog.at_level(logging.DEBUG), pytest.raises(TransportError) as info:
+    with caplog.at_level(logging.DEBUG), pytest.raises(OAITransportError) as info:
         client.identify()
     assert server.requests[0].headers["authorization"] == "Bearer tok-SECRET"
     assert "tok-SECRET" not in str(info.value) and "tok-SECRET" not in caplog.text
@@ -277,7 +277,7 @@ def test_bearer_token_and_userinfo_never_in_errors(caplog):
         sleep=SleepRecorder(),
     )
     assert client.base_url == "http://oai.test/oai"
-    with caplog.at_level(logging.DEBUG), pytest.raises(TransportError) as info:
+    with caplog.at_level(logging.DEBUG), pytest.raises(OAITransportError) as info:
         client.identify()
     assert "pa55word" not in str(info.value) and "pa55word" not in caplog.text
     assert server.requests[0].headers["authorization"].startswith("Basic ")
@@ -316,5 +316,5 @@ def test_redirect_loop_is_bounded():
         ClientOptions(max_retries=0),
         transport=httpx.MockTransport(handler),
     )
-    with pytest.raises(TransportError, match="redirects"):
+    with pytest.raises(OAITransportError, match="redirects"):
         client.identify()

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oaipmh_dagster.oai import (
-    DataError,
     Granularity,
+    OAIDataError,
     format_datestamp,
     parse_datestamp,
     parse_user_datetime,
@@ -44,7 +44,7 @@ def test_parse_datestamp(text, expected):
     ["aaaa-bb-cc", "", "2020-13-01", "2020-02-30", "2020011", "2020-01-01T25:00:00Z", "yesterday"],
 )
 def test_parse_datestamp_junk(text):
-    with pytest.raises(DataError, match="datestamp"):
+    with pytest.raises(OAIDataError, match="datestamp"):
         parse_datestamp(text)
     with pytest.raises(ValueError):
         parse_datestamp(text)
@@ -122,6 +122,6 @@ def test_round_trip(value, granularity):
 def test_parse_datestamp_never_crashes(text):
     try:
         value = parse_datestamp(text)
-    except DataError:
+    except OAIDataError:
         return
     assert value.tzinfo is UTC

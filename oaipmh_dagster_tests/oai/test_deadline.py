@@ -15,7 +15,7 @@ import pytest
 
 from oaipmh_dagster.demo.dataset import make_dataset
 from oaipmh_dagster.demo.server import OAIServer
-from oaipmh_dagster.oai import Cancelled, ClientOptions, OAIClient, TransportError
+from oaipmh_dagster.oai import Cancelled, ClientOptions, OAIClient, OAITransportError
 
 # Small pages, and a deadline of 5 x 0.6 s = 3 s.
 QUICK = ClientOptions(read_timeout=0.6, connect_timeout=2, max_retries=1, backoff_base=0.01,
@@ -54,13 +54,13 @@ def _pages(client: OAIClient) -> list:
 
 def test_trickling_response_fails_at_the_deadline(server: OAIServer) -> None:
     """Page 2 arrives one byte every 0.2 s (each read well within the 0.6 s read timeout):
-    each attempt is given up at the 3 s deadline, retried once, then a TransportError
+    each attempt is given up at the 3 s deadline, retried once, then a OAITransportError
     says how many bytes came in how long."""
     server.faults.add("trickle", verb="ListRecords", page=2, times=None, interval=0.2)
     with OAIClient(server.base_url, QUICK) as client:
         assert client.guarded
         _, error, elapsed = _bounded(lambda: _pages(client), 30)
-    assert isinstance(error, TransportError), error
+    assert isinstance(error, OAITransportError), error
     assert "did not finish the response within the request deadline of 3 s" in error.message
     assert "gave up after 2 attempts" in error.message
     assert " bytes in 3.0 s" in error.message
@@ -76,7 +76,7 @@ def test_request_timeout_option(server: OAIServer) -> None:
     assert options.deadline == 1.5 and ClientOptions(read_timeout=7).deadline == 35
     with OAIClient(server.base_url, options) as client:
         _, error, elapsed = _bounded(lambda: _pages(client), 20)
-    assert isinstance(error, TransportError) and "deadline of 1.5 s" in error.message
+    assert isinstance(error, OAITransportError) and "deadline of 1.5 s" in error.message
     assert 1.4 < elapsed < 3
     with pytest.raises(ValueError, match="request_timeout"):
         ClientOptions(request_timeout=0)

@@ -13,13 +13,13 @@ from oaipmh_dagster.oai import (
     BadResumptionToken,
     CannotDisseminateFormat,
     ClientOptions,
-    DataError,
     Granularity,
     IdDoesNotExist,
     NoRecordsMatch,
     NoSetHierarchy,
     OAIClient,
-    ProtocolError,
+    OAIDataError,
+    OAIProtocolError,
 )
 from oaipmh_dagster.oai.parse import read_envelope
 
@@ -109,9 +109,9 @@ def test_sickle_error_files(fixtures_dir: Path, name, cls):
 
 
 def test_sickle_unknown_error_code(fixtures_dir: Path):
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(OAIProtocolError) as info:
         read_envelope((fixtures_dir / "sickle" / "undefinedError.xml").read_bytes())
-    assert type(info.value) is ProtocolError
+    assert type(info.value) is OAIProtocolError
     assert info.value.code == "undefinedError"
     assert "undefinedError" in str(info.value)
 
@@ -139,7 +139,7 @@ def test_sickle_broken_page_fails_after_retries(sickle_transport):
     sleep = SleepRecorder()
     transport = sickle_transport({"ListRecords": "ListRecordsBroken.xml"})
     client = OAIClient("http://sickle.test/oai", FAST, transport=transport, sleep=sleep)
-    with pytest.raises(DataError) as info:
+    with pytest.raises(OAIDataError) as info:
         list(client.list_records("oai_dc"))
     assert "not well-formed" in str(info.value)
     assert "http://sickle.test/oai?verb=ListRecords" in str(info.value)
@@ -163,7 +163,7 @@ def test_sickle_broken_page_mid_list_names_token(sickle_transport, fixtures_dir)
     pages = client.iter_pages("ListRecords", metadata_prefix="oai_dc")
     first = next(pages)
     assert first.records
-    with pytest.raises(DataError) as info:
+    with pytest.raises(OAIDataError) as info:
         next(pages)
     assert "ListRecords2.xml" in str(info.value)
     assert info.value.token == "ListRecords2.xml"
@@ -203,7 +203,7 @@ def test_pyoai_fake3_not_well_formed(pyoai_transport):
         transport=pyoai_transport("fake3"),
         sleep=SleepRecorder(),
     )
-    with pytest.raises(DataError, match="not well-formed"):
+    with pytest.raises(OAIDataError, match="not well-formed"):
         client.identify()
 
 
@@ -214,7 +214,7 @@ def test_pyoai_fake4_unknown_entities(pyoai_transport):
         transport=pyoai_transport("fake4"),
         sleep=SleepRecorder(),
     )
-    with pytest.raises(DataError) as info:
+    with pytest.raises(OAIDataError) as info:
         client.identify()
     assert "bogus" in str(info.value)
 
@@ -297,7 +297,7 @@ def test_html_instead_of_identify(scythe_transport):
         transport=scythe_transport("identify.yaml"),
         sleep=SleepRecorder(),
     )
-    with pytest.raises(DataError, match="HTML"):
+    with pytest.raises(OAIDataError, match="HTML"):
         client.identify()
     other = OAIClient(
         "https://www.e-periodica.ch/oai/dataprovider", transport=scythe_transport("identify.yaml")

@@ -8,7 +8,7 @@ import codecs
 import httpx
 import pytest
 
-from oaipmh_dagster.oai import ClientOptions, DataError, OAIClient, ProtocolError
+from oaipmh_dagster.oai import ClientOptions, OAIClient, OAIDataError, OAIProtocolError
 from oaipmh_dagster.oai.parse import apply_http_charset, parse_record_list, read_envelope
 
 from .helpers import OAI_HEAD, RESPONSE_DATE, SleepRecorder, list_records_xml, record_xml
@@ -132,7 +132,7 @@ def test_limit_broken_in_a_header_fails_the_page_at_once():
     huge_id = "i" * (LIMIT_TEXT + 1)
     body = _page(record_xml("a"), record_xml(huge_id))
     client, seen = _client(httpx.Response(200, content=body))
-    with pytest.raises(DataError, match="header") as info:
+    with pytest.raises(OAIDataError, match="header") as info:
         list(client.iter_pages("ListRecords", metadata_prefix="oai_dc"))
     assert len(seen) == 1 and not info.value.retryable
     assert len(str(info.value)) < 2000
@@ -141,7 +141,7 @@ def test_limit_broken_in_a_header_fails_the_page_at_once():
 def test_entities_still_refused_on_the_bounded_path():
     body = _page(_with_metadata("a", _nested(300) + "&x;"))
     body = body.replace(b"<OAI-PMH", b'<!DOCTYPE OAI-PMH [<!ENTITY x "y">]><OAI-PMH', 1)
-    with pytest.raises(DataError, match="entit"):
+    with pytest.raises(OAIDataError, match="entit"):
         read_envelope(body)
 
 
@@ -230,7 +230,7 @@ def test_broken_markup_is_a_data_error_raised_at_once():
     body = list_records_xml(["a", "b"]).replace(b"</ListRecords>", b"</ListRecords></request>")
     client, seen = _client(httpx.Response(200, content=body),
                            base="http://user:secret@hostile.test/oai")
-    with pytest.raises(DataError) as info:
+    with pytest.raises(OAIDataError) as info:
         list(client.iter_pages("ListRecords", metadata_prefix="oai_dc"))
     message = str(info.value)
     assert len(seen) == 1 and not info.value.retryable
@@ -254,9 +254,9 @@ def test_a_bare_error_root_is_a_data_error_raised_at_once():
     body = (b'<?xml version="1.0" encoding="UTF-8"?>\n'
             b'<error code="idDoesNotExist">Malformed identifier: oai:x</error>\n')
     client, seen = _client(httpx.Response(200, content=body))
-    with pytest.raises(DataError) as info:
+    with pytest.raises(OAIDataError) as info:
         client.get_record("oai:x", "oai_dc")
-    assert not isinstance(info.value, ProtocolError)
+    assert not isinstance(info.value, OAIProtocolError)
     assert len(seen) == 1 and not info.value.retryable
     message = str(info.value)
     assert "without the OAI-PMH envelope" in message and "idDoesNotExist" in message
@@ -265,7 +265,7 @@ def test_a_bare_error_root_is_a_data_error_raised_at_once():
 
 def test_another_root_is_a_data_error_raised_at_once():
     client, seen = _client(httpx.Response(200, content=b"<rss><channel/></rss>"))
-    with pytest.raises(DataError, match=r"root element <rss>.*<rss><channel/>"):
+    with pytest.raises(OAIDataError, match=r"root element <rss>.*<rss><channel/>"):
         client.identify()
     assert len(seen) == 1
 

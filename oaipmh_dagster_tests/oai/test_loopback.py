@@ -10,10 +10,10 @@ import pytest
 
 from oaipmh_dagster.oai import (
     ClientOptions,
-    DataError,
     Granularity,
     OAIClient,
-    TransportError,
+    OAIDataError,
+    OAITransportError,
 )
 
 from .helpers import SleepRecorder
@@ -108,9 +108,9 @@ def test_transient_faults_recovered(server, kind, params):
 
 
 def test_broken_markup_is_not_retried(server):
-    """A whole page with broken markup will not mend itself: one request, a DataError."""
+    """A whole page with broken markup will not mend itself: one request, a OAIDataError."""
     server.faults.add("malformed", verb="ListRecords", page=2, times=2)
-    with client_of(server) as client, pytest.raises(DataError, match="not well-formed") as info:
+    with client_of(server) as client, pytest.raises(OAIDataError, match="not well-formed") as info:
         list(client.iter_pages("ListRecords", metadata_prefix="oai_dc"))
     assert client.stats.retries == 0 and not info.value.retryable
     assert "<unclosed attr=bare>" in str(info.value)
@@ -118,7 +118,7 @@ def test_broken_markup_is_not_retried(server):
 
 def test_persistent_fault_fails_clearly(server):
     server.faults.add("truncate", verb="ListRecords", page=3, times=None)
-    with client_of(server) as client, pytest.raises(DataError) as info:
+    with client_of(server) as client, pytest.raises(OAIDataError) as info:
         list(client.list_records("oai_dc"))
     assert "gave up after 4 attempts" in str(info.value)
     assert server.base_url in str(info.value)
@@ -137,7 +137,7 @@ def test_read_timeout_retried(server):
 def test_server_down_gives_transport_error(server):
     server.faults.add("down", seconds=30)
     options = ClientOptions(max_retries=2, backoff_base=0.0, connect_timeout=1, read_timeout=1)
-    with client_of(server, options) as client, pytest.raises(TransportError, match="gave up"):
+    with client_of(server, options) as client, pytest.raises(OAITransportError, match="gave up"):
         client.identify()
 
 
@@ -146,7 +146,7 @@ def test_connection_refused():
     url = srv.base_url
     srv.stop()
     client = OAIClient(url, ClientOptions(max_retries=1, backoff_base=0.0), sleep=SleepRecorder())
-    with pytest.raises(TransportError, match="ConnectError"):
+    with pytest.raises(OAITransportError, match="ConnectError"):
         client.identify()
 
 
@@ -160,7 +160,7 @@ def test_gzip_without_header(server):
 def test_oversize_response_aborted(server):
     server.faults.add("huge", verb="Identify", bytes=50_000_000)
     options = ClientOptions(max_response_bytes=1_000_000, max_retries=1)
-    with client_of(server, options) as client, pytest.raises(DataError, match="exceeds"):
+    with client_of(server, options) as client, pytest.raises(OAIDataError, match="exceeds"):
         client.identify()
     log = server.requests[-1]
     assert log.bytes_sent < 50_000_000
@@ -170,7 +170,7 @@ def test_oversize_streamed_without_content_length_check(server):
     """The padded body is read as a stream and cut off at the limit."""
     server.faults.add("huge", verb="ListRecords", bytes=3_000_000, style="spaces")
     options = ClientOptions(max_response_bytes=2_000_000, max_retries=0)
-    with client_of(server, options) as client, pytest.raises(DataError, match="exceeds"):
+    with client_of(server, options) as client, pytest.raises(OAIDataError, match="exceeds"):
         list(client.list_records("oai_dc"))
 
 
@@ -184,7 +184,7 @@ def test_illegal_chars_stripped(server):
 
 def test_repeated_token_is_a_loop(server):
     server.faults.add("repeat_token", verb="ListRecords", page=2)
-    with client_of(server) as client, pytest.raises(DataError, match="loop"):
+    with client_of(server) as client, pytest.raises(OAIDataError, match="loop"):
         list(client.list_records("oai_dc"))
 
 
@@ -219,10 +219,10 @@ def test_xxe_and_billion_laughs(server, tmp_path: Path):
     server.faults.add("xxe", verb="Identify", path=str(secret))
     server.faults.add("billion_laughs", verb="ListRecords", page=1)
     with client_of(server) as client:
-        with pytest.raises(DataError, match="entit") as info:
+        with pytest.raises(OAIDataError, match="entit") as info:
             client.identify()
         assert "LOOPBACK-SECRET" not in str(info.value)
-        with pytest.raises(DataError, match="entit"):
+        with pytest.raises(OAIDataError, match="entit"):
             list(client.list_records("oai_dc"))
 
 

@@ -14,9 +14,9 @@ from oaipmh_dagster.oai import (
     BadResumptionToken,
     CannotDisseminateFormat,
     ClientOptions,
-    DataError,
     IdDoesNotExist,
     OAIClient,
+    OAIDataError,
 )
 
 from .helpers import (
@@ -79,7 +79,7 @@ def test_token_loop_fails_clearly():
         "t2": list_records_xml(["c"], "t1"),
     }
     client, _, _ = client_for(chain_route(pages))
-    with pytest.raises(DataError, match="loop") as info:
+    with pytest.raises(OAIDataError, match="loop") as info:
         list(client.list_records("oai_dc"))
     assert info.value.token == "t1"
     assert "resumptionToken=t2" in str(info.value)
@@ -88,7 +88,7 @@ def test_token_loop_fails_clearly():
 def test_same_token_twice_in_a_row_is_a_loop():
     pages = {None: list_records_xml(["a"], "t1"), "t1": list_records_xml(["b"], "t1")}
     client, _, _ = client_for(chain_route(pages))
-    with pytest.raises(DataError, match="loop"):
+    with pytest.raises(OAIDataError, match="loop"):
         list(client.list_records("oai_dc"))
 
 
@@ -100,7 +100,7 @@ def test_pages_with_token_but_no_records_continue_up_to_a_bound():
     assert [r.identifier for r in client.list_records("oai_dc")] == ["z"]
 
     client, _, _ = client_for(chain_route(pages), ClientOptions(max_empty_pages=3))
-    with pytest.raises(DataError, match="no records"):
+    with pytest.raises(OAIDataError, match="no records"):
         list(client.list_records("oai_dc"))
 
 
@@ -201,7 +201,7 @@ def test_several_sets_dedupe_by_identifier():
     assert pages[-2].duplicates_dropped == 2
     assert pages[-1].records == [] and pages[-1].request_args["set"] == "C"  # noRecordsMatch
     assert [p.get("set") for p in server.params if "set" in p] == ["A", "B", "C"]
-    with pytest.raises(DataError, match="no <ListIdentifiers> element"):
+    with pytest.raises(OAIDataError, match="no <ListIdentifiers> element"):
         list(client.list_identifiers("oai_dc", sets=["B"]))  # a ListRecords answer
 
 
@@ -244,10 +244,10 @@ def test_get_records():
 
 
 def test_unknown_error_code_is_clear():
-    from oaipmh_dagster.oai import ProtocolError
+    from oaipmh_dagster.oai import OAIProtocolError
 
     client, _, _ = client_for(lambda params: error_xml("tooBusy", "come back later"))
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(OAIProtocolError) as info:
         list(client.list_records("oai_dc"))
     assert info.value.code == "tooBusy"
     assert "tooBusy" in str(info.value) and "come back later" in str(info.value)
@@ -322,7 +322,7 @@ def test_prefetch_yields_same_pages():
 def test_prefetch_propagates_errors_and_closes_early():
     pages = {None: list_records_xml(["a"], "t1"), "t1": list_records_xml(["b"], "t1")}
     client, _, _ = client_for(chain_route(pages), ClientOptions(prefetch=True))
-    with pytest.raises(DataError, match="loop"):
+    with pytest.raises(OAIDataError, match="loop"):
         list(client.list_records("oai_dc"))
     it = client.iter_pages("ListRecords", metadata_prefix="oai_dc")
     next(it)

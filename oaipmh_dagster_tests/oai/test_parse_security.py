@@ -9,7 +9,7 @@ import httpx
 import pytest
 from lxml import etree
 
-from oaipmh_dagster.oai import ClientOptions, DataError, OAIClient
+from oaipmh_dagster.oai import ClientOptions, OAIClient, OAIDataError
 from oaipmh_dagster.oai.parse import (
     _parser,
     parse_record_list,
@@ -93,7 +93,7 @@ def test_hostile_doctype_in_every_verb(tmp_path: Path, network_trap, verb, kind)
         sleep=SleepRecorder(),
     )
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with pytest.raises(DataError) as info:
+    with pytest.raises(OAIDataError) as info:
         _call_verb(client, verb)
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert SECRET not in str(info.value)
@@ -137,7 +137,7 @@ def test_illegal_characters_are_stripped_and_counted():
     body = list_records_xml(["a"]).replace(
         b"<dc:title>t", b"<dc:title>t\x01\x0b&#x1F;&#8;\xef\xbf\xbe"
     )
-    with pytest.raises(DataError):
+    with pytest.raises(OAIDataError):
         parse_xml(body)
     cleaned, count = strip_illegal_chars(body)
     assert count == 5
@@ -175,7 +175,7 @@ def test_client_counts_stripped_chars():
     ],
 )
 def test_broken_bodies(body, message, retryable):
-    with pytest.raises(DataError, match=message) as info:
+    with pytest.raises(OAIDataError, match=message) as info:
         read_envelope(body, url="http://x.test/oai?verb=ListRecords", token="tok-1")
     assert info.value.retryable is retryable
     assert "http://x.test/oai?verb=ListRecords" in str(info.value)

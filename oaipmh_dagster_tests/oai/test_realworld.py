@@ -22,11 +22,11 @@ import pytest
 from oaipmh_dagster.harvest import harvest
 from oaipmh_dagster.oai import (
     ClientOptions,
-    DataError,
     OAIClient,
+    OAIDataError,
     OAIError,
-    ProtocolError,
-    TransportError,
+    OAIProtocolError,
+    OAITransportError,
 )
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.store import Store
@@ -312,12 +312,12 @@ def _check_refusal(case: Case, exc: BaseException | None, requests: int) -> None
         assert case.ok or (codes == ["noRecordsMatch"] and case.verb.startswith("List")), (
             f"{case.name} should have failed with {case.expect}")
         return
-    if isinstance(exc, ProtocolError):
+    if isinstance(exc, OAIProtocolError):
         assert exc.code in codes, f"{case.name}: {exc!r}"
         return
     assert "refuse" in case.expect, f"{case.name}: {exc!r}"
-    assert isinstance(exc, DataError | TransportError)
-    if isinstance(exc, DataError) and case.pages[0].status == 200:
+    assert isinstance(exc, OAIDataError | OAITransportError)
+    if isinstance(exc, OAIDataError) and case.pages[0].status == 200:
         assert requests == 1, f"{case.name}: a response that never parses was asked again"
 
 

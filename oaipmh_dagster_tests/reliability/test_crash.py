@@ -19,7 +19,7 @@ from oaipmh_dagster import db
 from oaipmh_dagster.demo.dataset import make_dataset
 from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.harvest import harvest
-from oaipmh_dagster.oai import DataError
+from oaipmh_dagster.oai import OAIDataError
 from oaipmh_dagster.store import HarvestInProgress, Store, utc_datestamp
 from oaipmh_dagster_tests.helpers import expected_snapshot
 from oaipmh_dagster_tests.reliability.conftest import FAST, PAGE, RECORDS, assert_consistent
@@ -104,7 +104,7 @@ def server():  # noqa: ANN201
 def _fail_after_pages(server: OAIServer, store: Store, pages: int, **kw: object) -> dict:
     """A run that commits `pages` pages and then fails; returns its checkpoint."""
     server.faults.add("repeat_token", verb="ListRecords", page=pages, times=None)
-    with pytest.raises(DataError, match="loop"):
+    with pytest.raises(OAIDataError, match="loop"):
         harvest(_h(server), store, run_id="failed-run", options=FAST, **kw)
     server.faults.clear()
     server.clear_log()

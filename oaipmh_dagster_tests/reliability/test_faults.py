@@ -26,10 +26,10 @@ from oaipmh_dagster.oai import (
     BadArgument,
     BadResumptionToken,
     ClientOptions,
-    DataError,
     OAIClient,
+    OAIDataError,
     OAIError,
-    TransportError,
+    OAITransportError,
 )
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.store import Store
@@ -123,11 +123,11 @@ def test_429_retry_after_http_date(store: Store, server: OAIServer) -> None:
 
 
 def test_503_for_ever_fails_after_retries(store: Store, server: OAIServer) -> None:
-    """503 on every request of page 4: gives up after max_retries with a TransportError
+    """503 on every request of page 4: gives up after max_retries with a OAITransportError
     naming the status; pages 1-3 stay committed; the next run resumes."""
     server.faults.add("status", verb="ListRecords", page=4, times=None, status=503,
                       headers={"Retry-After": "0"})
-    with pytest.raises(TransportError, match=r"HTTP 503.*gave up after 4 attempts"):
+    with pytest.raises(OAITransportError, match=r"HTTP 503.*gave up after 4 attempts"):
         _run(_h(server), store, "r1")
     _failed_cleanly(store, _h(server), server, committed=3)
     assert _resumes(store, _h(server), server).pages == RECORDS // PAGE - 3
@@ -157,11 +157,11 @@ def test_read_timeout(store: Store, server: OAIServer) -> None:
 
 
 def test_read_timeout_for_ever_fails(store: Store, server: OAIServer) -> None:
-    """Every answer to page 2 stalls: a TransportError saying 'timeout', page 1 kept."""
+    """Every answer to page 2 stalls: a OAITransportError saying 'timeout', page 1 kept."""
     server.faults.add("delay", verb="ListRecords", page=2, seconds=1.0, times=None)
     options = ClientOptions(max_retries=1, backoff_base=0.01, backoff_max=0.05,
                             read_timeout=0.3, connect_timeout=2)
-    with pytest.raises(TransportError, match="timeout"):
+    with pytest.raises(OAITransportError, match="timeout"):
         _run(_h(server), store, "r1", options=options)
     _failed_cleanly(store, _h(server), server, committed=1)
 
@@ -179,12 +179,12 @@ def test_server_down_mid_harvest_comes_back(store: Store, server: OAIServer) -> 
 
 
 def test_server_down_longer_than_retries_then_back(store: Store, server: OAIServer) -> None:
-    """The outage outlasts the retries: the run fails with a TransportError after pages
+    """The outage outlasts the retries: the run fails with a OAITransportError after pages
     1-3; once the server is back the next run resumes from page 4 and completes."""
     server.faults.add("down", verb="ListRecords", page=4, seconds=1.5)
     options = ClientOptions(max_retries=2, backoff_base=0.01, backoff_max=0.02,
                             read_timeout=5, connect_timeout=2)
-    with pytest.raises(TransportError, match="gave up after 3 attempts"):
+    with pytest.raises(OAITransportError, match="gave up after 3 attempts"):
         _run(_h(server), store, "r1", options=options)
     _failed_cleanly(store, _h(server), server, committed=3)
     time.sleep(1.6)
@@ -204,9 +204,9 @@ def test_truncated_xml_mid_page(store: Store, server: OAIServer) -> None:
 
 
 def test_truncated_xml_for_ever_fails(store: Store, server: OAIServer) -> None:
-    """Page 3 is always truncated: DataError 'not well-formed', pages 1-2 kept."""
+    """Page 3 is always truncated: OAIDataError 'not well-formed', pages 1-2 kept."""
     server.faults.add("truncate", verb="ListRecords", page=3, fraction=0.5, times=None)
-    with pytest.raises(DataError, match="not well-formed.*gave up"):
+    with pytest.raises(OAIDataError, match="not well-formed.*gave up"):
         _run(_h(server), store, "r1")
     _failed_cleanly(store, _h(server), server, committed=2)
     _resumes(store, _h(server), server)
@@ -226,7 +226,7 @@ def test_illegal_xml_characters_in_metadata(store: Store, server: OAIServer) -> 
 
 def test_html_error_page_with_status_200(store: Store, server: OAIServer) -> None:
     """An HTML maintenance page with 200 OK: taken as a transient error (retried); when it
-    persists the run fails with a DataError that says HTML, never 'zero records'."""
+    persists the run fails with a OAIDataError that says HTML, never 'zero records'."""
     server.faults.add("html", verb="ListRecords", page=2)
     stats = _run(_h(server), store, "r1")
     _recovered(store, _h(server), server, stats)
@@ -234,7 +234,7 @@ def test_html_error_page_with_status_200(store: Store, server: OAIServer) -> Non
 
     store.delete_harvester_records("r")
     server.faults.add("html", verb="ListRecords", page=2, times=None)
-    with pytest.raises(DataError, match="HTML page instead of OAI-PMH XML"):
+    with pytest.raises(OAIDataError, match="HTML page instead of OAI-PMH XML"):
         _run(_h(server), store, "r2")
     _failed_cleanly(store, _h(server), server, committed=1)
 
@@ -258,14 +258,14 @@ def test_gzip_without_content_encoding_header(store: Store, server: OAIServer) -
 
 
 def test_response_larger_than_maximum(store: Store, server: OAIServer) -> None:
-    """Page 2 is 30 MB with a 256 kB maximum: a DataError 'exceeds the maximum', not
+    """Page 2 is 30 MB with a 256 kB maximum: a OAIDataError 'exceeds the maximum', not
     retried, and memory stays far below the response size."""
     server.faults.add("huge", verb="ListRecords", page=2, bytes=30_000_000, times=None)
     options = ClientOptions(max_retries=3, backoff_base=0.01, backoff_max=0.05,
                             read_timeout=5, max_response_bytes=256 * 1024)
     tracemalloc.start()
     try:
-        with pytest.raises(DataError, match="exceeds the maximum of 262144 bytes"):
+        with pytest.raises(OAIDataError, match="exceeds the maximum of 262144 bytes"):
             _run(_h(server), store, "r1", options=options)
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -279,10 +279,10 @@ def test_response_larger_than_maximum(store: Store, server: OAIServer) -> None:
 
 
 def test_same_resumption_token_twice(store: Store, server: OAIServer) -> None:
-    """Page 3 hands back the token it was asked with (a loop): a DataError 'loop' after
+    """Page 3 hands back the token it was asked with (a loop): a OAIDataError 'loop' after
     committing page 3, never an endless harvest; the next run resumes and completes."""
     server.faults.add("repeat_token", verb="ListRecords", page=3, times=None)
-    with pytest.raises(DataError, match="resumptionToken loop"):
+    with pytest.raises(OAIDataError, match="resumptionToken loop"):
         _run(_h(server), store, "r1")
     _failed_cleanly(store, _h(server), server, committed=3)
     assert len(_list_requests(server)) == 3
@@ -426,5 +426,5 @@ def test_failed_run_does_not_advance_since(database_url: str, server: OAIServer,
 def test_every_failure_is_an_oai_error_subclass() -> None:
     """The three families a caller tells apart share one base (a sanity check of the
     taxonomy the table in docs/reliability.md relies on)."""
-    for cls in (TransportError, DataError, BadArgument, BadResumptionToken):
+    for cls in (OAITransportError, OAIDataError, BadArgument, BadResumptionToken):
         assert issubclass(cls, OAIError)

@@ -21,7 +21,7 @@ import pytest
 from oaipmh_dagster.demo.dataset import make_dataset
 from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.harvest import harvest
-from oaipmh_dagster.oai import ClientOptions, TransportError
+from oaipmh_dagster.oai import ClientOptions, OAITransportError
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.conftest import REPO_ROOT
 from oaipmh_dagster_tests.helpers import add_harvester, expected_snapshot
@@ -89,7 +89,7 @@ def test_trickling_page_fails_after_retries_then_resumes(database_url: str,
                                                          server: OAIServer) -> None:
     """Page 3 comes one byte every 0.3 s, for ever (no read ever waits 1 s): each attempt
     is given up at the 2 s request deadline, retried, and the harvest fails with a
-    TransportError saying what arrived; pages 1-2 and their checkpoint are kept, and the
+    OAITransportError saying what arrived; pages 1-2 and their checkpoint are kept, and the
     next harvest resumes and completes."""
     server.faults.add("trickle", verb="ListRecords", page=STALLED_PAGE, times=None,
                       interval=0.3)
@@ -98,7 +98,7 @@ def test_trickling_page_fails_after_retries_then_resumes(database_url: str,
     options = ClientOptions(max_retries=2, backoff_base=0.01, backoff_max=0.05, read_timeout=1,
                             request_timeout=2)
     started = time.monotonic()
-    with pytest.raises(TransportError, match="did not finish the response") as info:
+    with pytest.raises(OAITransportError, match="did not finish the response") as info:
         harvest(h, store, run_id="trickled", options=options)
     assert time.monotonic() - started < 3 * 2 + 5
     assert "within the request deadline of 2 s; gave up after 3 attempts" in str(info.value)

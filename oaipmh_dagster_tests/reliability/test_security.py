@@ -25,7 +25,7 @@ from oaipmh_dagster import db
 from oaipmh_dagster.demo.dataset import ServedRecord, make_dataset
 from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.harvest import CredentialsError, HarvestError, harvest
-from oaipmh_dagster.oai import DataError, HTTPStatusError, OAIClient, OAIError
+from oaipmh_dagster.oai import OAIClient, OAIDataError, OAIError, OAIHTTPStatusError
 from oaipmh_dagster.registry import Harvester, InvalidHarvester, Registry, harvester_table
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.helpers import add_harvester, expected_snapshot
@@ -77,13 +77,13 @@ def _store_text(store: Store, harvester_id: str) -> str:
 def test_xxe_local_file_in_every_verb(verb: str, server: OAIServer, tmp_path: Path,
                                       caplog: pytest.LogCaptureFixture) -> None:
     """A DOCTYPE declaring an external entity to a local file, in the answer to `verb`:
-    refused with a DataError (not retried); the file's content is in no result, message or
+    refused with a OAIDataError (not retried); the file's content is in no result, message or
     log line."""
     path, secret = _secret_file(tmp_path)
     server.faults.add("xxe", verb=verb, path=str(path), times=None)
     caplog.set_level(logging.DEBUG)
     with OAIClient(server.base_url, FAST) as client, \
-            pytest.raises(DataError, match="declares XML entities") as err:
+            pytest.raises(OAIDataError, match="declares XML entities") as err:
         _call_verb(client, verb, server)
     assert secret not in str(err.value) and secret not in caplog.text
     assert sum(1 for r in server.requests if r.fault == "xxe") == 1
@@ -95,7 +95,7 @@ def test_xxe_to_a_url_is_never_fetched(server: OAIServer,
     with OAIServer(make_dataset(5, seed=1)) as bait:
         for verb in VERBS:
             server.faults.add("xxe", verb=verb, url=f"{bait.base_url}?verb=Identify&leak=1")
-            with OAIClient(server.base_url, FAST) as client, pytest.raises(DataError):
+            with OAIClient(server.base_url, FAST) as client, pytest.raises(OAIDataError):
                 _call_verb(client, verb, server)
         assert bait.requests == []
 
@@ -108,7 +108,7 @@ def test_billion_laughs_in_every_verb(verb: str, server: OAIServer) -> None:
     tracemalloc.start()
     try:
         with OAIClient(server.base_url, FAST) as client, \
-                pytest.raises(DataError, match="declares XML entities"):
+                pytest.raises(OAIDataError, match="declares XML entities"):
             _call_verb(client, verb, server)
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -138,7 +138,7 @@ def test_entities_hidden_behind_a_long_prologue(payload: str, server: OAIServer,
     server.faults.add("malformed", verb="Identify", body=body, times=None)
     tracemalloc.start()
     try:
-        with OAIClient(server.base_url, FAST) as client, pytest.raises(DataError) as err:
+        with OAIClient(server.base_url, FAST) as client, pytest.raises(OAIDataError) as err:
             client.identify()
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -151,7 +151,7 @@ def test_xxe_through_harvest_reaches_neither_store_nor_logs(
         verb: str, database_url: str, server: OAIServer, tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
     """The verbs a harvest uses, each answered with an XXE payload (ListRecords on page 2):
-    the harvest fails with the DataError; the store holds only clean pages; the secret is
+    the harvest fails with the OAIDataError; the store holds only clean pages; the secret is
     nowhere in the store, the state, the exception or the logs."""
     path, secret = _secret_file(tmp_path)
     page = 2 if verb == "ListRecords" else None
@@ -159,7 +159,7 @@ def test_xxe_through_harvest_reaches_neither_store_nor_logs(
     caplog.set_level(logging.DEBUG)
     store = Store()
     oai_ids = [next(iter(server.dataset)).identifier] if verb == "GetRecord" else ()
-    with pytest.raises(DataError) as err:
+    with pytest.raises(OAIDataError) as err:
         harvest(_h(server), store, run_id="r1", options=FAST, oai_ids=oai_ids)
     assert secret not in str(err.value) and secret not in caplog.text
     assert secret not in _store_text(store, "r")
@@ -254,7 +254,7 @@ def test_credentials_never_in_exceptions(sqlite_url: str, server: OAIServer,
     monkeypatch.setenv(AUTH_ENV, value)
     caplog.set_level(logging.DEBUG)
     server.faults.add("status", status=401, times=None, body="Unauthorized\n")
-    with pytest.raises(HTTPStatusError, match="HTTP 401") as err:
+    with pytest.raises(OAIHTTPStatusError, match="HTTP 401") as err:
         harvest(_h(server, auth_env=AUTH_ENV), Store(), run_id="r1", options=FAST)
     assert not _leaks(str(err.value) + repr(err.value) + caplog.text, value)
     monkeypatch.delenv(AUTH_ENV)
