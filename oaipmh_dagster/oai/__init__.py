@@ -1,9 +1,20 @@
 """The OAI-PMH protocol: a client for the six verbs, parsing and datestamps.
 
-No Dagster and no database in here: httpx and lxml only.
+No Dagster and no database in here: httpx and lxml only. ``__all__`` is the public
+face; the modules whose names start with ``_`` are private:
+
+* ``client``: :class:`OAIClient`, the facade for the six verbs;
+* ``_transport``: HTTP (per-host limits and pacing, redirects, retries, gzip, size);
+* ``_deadline``: request deadlines and cancellation;
+* ``_paging``: resumptionToken chains (loops, restart, prefetch);
+* ``parse``: each verb's answer as plain objects (``models``), over ``_xml``, the
+  hardened parser, and ``_charset``, the encoding rules;
+* ``errors``: one exception per OAI-PMH error code, and the transport and data errors.
 """
 
-from .client import DEFAULT_USER_AGENT, ClientOptions, LoggerLike, OAIClient, redact_url
+from ._options import DEFAULT_USER_AGENT, ClientOptions, LoggerLike
+from ._transport import redact_url
+from .client import OAIClient
 from .datestamps import Granularity, format_datestamp, parse_datestamp, parse_user_datetime
 from .errors import (
     BadArgument,

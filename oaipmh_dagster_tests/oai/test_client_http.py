@@ -17,7 +17,7 @@ from oaipmh_dagster.oai import (
     OAIHTTPStatusError,
     OAITransportError,
 )
-from oaipmh_dagster.oai.client import parse_retry_after
+from oaipmh_dagster.oai._transport import parse_retry_after
 
 from .helpers import FakeServer, SleepRecorder, error_xml, identify_xml, list_records_xml
 
@@ -152,8 +152,8 @@ def test_connection_error_recovers():
 
 def test_timeouts_are_explicit():
     client = OAIClient("http://oai.test/oai", ClientOptions(connect_timeout=3, read_timeout=40))
-    assert client._timeout.connect == 3
-    assert client._timeout.read == 40
+    assert client._transport._timeout.connect == 3
+    assert client._transport._timeout.read == 40
     client.close()
 
 

@@ -298,8 +298,8 @@ def test_per_host_limit_shared_between_clients():
     for t in threads:
         t.join()
     assert active["max"] == 2
-    assert other._host is not clients[0]._host
-    assert clients[0]._host is clients[1]._host
+    assert other._transport._host is not clients[0]._transport._host
+    assert clients[0]._transport._host is clients[1]._transport._host
 
 
 def test_prefetch_yields_same_pages():
@@ -332,17 +332,17 @@ def test_prefetch_propagates_errors_and_closes_early():
 def test_shared_connection_pool_refcounted():
     a = OAIClient("http://pool.test/oai")
     b = OAIClient("http://pool.test/other")
-    assert a._http is b._http
+    assert a._transport._http is b._transport._http
     a.close()
-    assert not b._http.is_closed
+    assert not b._transport._http.is_closed
     b.close()
-    assert b._http.is_closed
+    assert b._transport._http.is_closed
     c = OAIClient("http://pool.test/oai")
-    assert not c._http.is_closed
+    assert not c._transport._http.is_closed
     c.close()
 
 
-def test_resume_pages_from_request_args():
+def test_iter_pages_resumes_from_a_checkpointed_token():
     pages = {
         None: list_records_xml(["a"], "t1"),
         "t1": list_records_xml(["b"], "t2"),
@@ -350,7 +350,7 @@ def test_resume_pages_from_request_args():
     }
     client, server, _ = client_for(chain_route(pages))
     first = next(client.iter_pages("ListRecords", metadata_prefix="oai_dc", from_="2020-01-01"))
-    rest = list(client.resume_pages(first.request_args, first.token))
+    rest = list(client.iter_pages("ListRecords", resumption_token=first.token))
     assert [r.identifier for p in rest for r in p.records] == ["b", "c"]
 
 
@@ -405,14 +405,14 @@ def test_no_records_match_gives_one_empty_page_with_response_date():
 
 
 def test_loop_detector_finds_long_loops_in_constant_memory() -> None:
-    from oaipmh_dagster.oai.client import _LoopDetector
+    from oaipmh_dagster.oai._paging import LoopDetector
 
     # A cycle of 500 tokens after a tail of 37: found within two turns of the cycle.
-    det = _LoopDetector()
+    det = LoopDetector()
     seq = [f"t{i}" for i in range(37)] + [f"c{i % 500}" for i in range(5000)]
     found = next(i for i, tok in enumerate(seq) if det.repeated(tok))
     assert 37 + 500 <= found <= 37 + 3 * 500
-    assert len(det.recent) <= _LoopDetector.RECENT
+    assert len(det.recent) <= LoopDetector.RECENT
     # A long list without a loop is never flagged.
-    det = _LoopDetector()
+    det = LoopDetector()
     assert not any(det.repeated(f"u{i}") for i in range(100_000))

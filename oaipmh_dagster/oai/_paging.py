@@ -1,0 +1,174 @@
+"""Paging: following a list's resumptionTokens.
+
+One layer owns what a token chain needs: loop detection in constant memory, a bound on
+pages that carry a token but no records, one restart from the list's original
+arguments when the server rejects a token (badResumptionToken), and fetching page n+1
+in a background thread while page n is consumed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from ._deadline import CancelScope, bind_scope
+from ._options import LoggerLike
+from .errors import BadResumptionToken, NoRecordsMatch, OAIDataError
+from .models import Page, ResumptionToken
+
+__all__ = ["LoopDetector", "follow_tokens", "prefetched"]
+
+T = TypeVar("T")
+
+Fetch = Callable[[dict[str, str], str | None], tuple[T, ResumptionToken | None, int]]
+"""Fetch one page: (request params, the token asked with) -> (item, its token, records)."""
+
+
+def follow_tokens(
+    fetch: Fetch[T],
+    verb: str,
+    args: dict[str, str],
+    start_token: str | None,
+    *,
+    url_for: Callable[[dict[str, str]], str],
+    log: logging.Logger | LoggerLike,
+    max_empty_pages: int,
+    can_restart: bool = True,
+) -> Iterator[tuple[T, ResumptionToken | None]]:
+    """Follow resumptionTokens: loop detection, empty pages, one restart on a bad token."""
+    token = start_token
+    loops = LoopDetector()
+    empty = 0
+    restarted = False
+    while True:
+        params = {"verb": verb, "resumptionToken": token} if token else args
+        try:
+            item, rt, count = fetch(params, token)
+        except NoRecordsMatch:
+            if token:
+                log.warning(
+                    f"noRecordsMatch in the middle of a list at {url_for(params)}; "
+                    "taking it as the end"
+                )
+            return
+        except BadResumptionToken as exc:
+            if not token or restarted or not can_restart:
+                raise
+            restarted = True
+            log.warning(
+                f"resumptionToken {token!r} rejected ({exc.server_message or 'badResumptionToken'}); "
+                f"restarting the list from its original arguments at {url_for(args)}"
+            )
+            token, loops, empty = None, LoopDetector(), 0
+            continue
+        yield item, rt
+        if rt is None or not rt.token:
+            return
+        if rt.token == token or loops.repeated(rt.token):
+            raise OAIDataError(
+                "resumptionToken loop: the server sent a token it already sent",
+                url=url_for(params),
+                token=rt.token,
+            )
+        if count == 0:
+            empty += 1
+            if empty > max_empty_pages:
+                raise OAIDataError(
+                    f"{empty} pages in a row with a resumptionToken but no records",
+                    url=url_for(params),
+                    token=rt.token,
+                )
+        else:
+            empty = 0
+        token = rt.token
+
+
+_END = object()
+
+
+class LoopDetector:
+    """Finds a resumptionToken sequence that repeats, in constant memory: the recent
+    tokens catch short loops at once, and Brent's method (a saved token compared with
+    each new one, saved again at doubling distances) catches a loop of any length
+    within two of its turns."""
+
+    RECENT = 64
+
+    def __init__(self) -> None:
+        self.recent: dict[str, None] = {}
+        self.saved: str | None = None
+        self.power = 1
+        self.steps = 0
+
+    def repeated(self, token: str) -> bool:
+        if token in self.recent or token == self.saved:
+            return True
+        self.recent[token] = None
+        if len(self.recent) > self.RECENT:
+            del self.recent[next(iter(self.recent))]
+        self.steps += 1
+        if self.steps == self.power:
+            self.saved, self.power, self.steps = token, self.power * 2, 0
+        return False
+
+
+class _Ahead:
+    """``next(pages)`` in a daemon thread whose requests belong to ``scope``."""
+
+    def __init__(self, pages: Iterator[Page], scope: CancelScope) -> None:
+        self._done = threading.Event()
+        self._value: Any = _END
+        self._error: BaseException | None = None
+        self.thread = threading.Thread(
+            target=self._run, args=(pages, scope), name="oai-prefetch", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self, pages: Iterator[Page], scope: CancelScope) -> None:
+        bind_scope(scope)
+        try:
+            self._value = next(pages, _END)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def result(self) -> Any:
+        """The page (or `_END`); raises what the fetch raised. A signal interrupts the wait."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+_JOIN_AFTER_CANCEL = 5.0
+
+
+def prefetched(pages: Iterator[Page], parent: CancelScope) -> Iterator[Page]:
+    """Fetch the next page in a background thread while the current one is consumed.
+
+    Leaving early (an error, an interrupt, the consumer stopping) cancels the fetch in
+    flight rather than waiting for it; the thread is a daemon, so even a step that
+    cannot be cut short (name resolution) never holds up the process's exit."""
+    scope = parent.child()
+    ahead = _Ahead(pages, scope)
+    finished = False
+    try:
+        while True:
+            page = ahead.result()
+            if page is _END:
+                finished = True
+                return
+            ahead = _Ahead(pages, scope)
+            yield page
+    finally:
+        if not finished:
+            scope.cancel()
+            ahead.thread.join(_JOIN_AFTER_CANCEL)
+        parent.forget(scope)
+        close = getattr(pages, "close", None)
+        if close is not None and not ahead.thread.is_alive():
+            close()
+
