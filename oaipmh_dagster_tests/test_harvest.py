@@ -7,12 +7,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from oaipmh_dagster.demo.dataset import ServedRecord, make_dataset
-from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.harvest import HarvestError, harvest
 from oaipmh_dagster.oai import ClientOptions, OAIError
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.helpers import expected_snapshot
+from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 
 FAST = ClientOptions(max_retries=2, backoff_base=0.01, backoff_max=0.05, read_timeout=5)
 

@@ -14,10 +14,10 @@ from oaipmh_dagster.dagster_parts.assets import asset_keys, op_name
 from oaipmh_dagster.dagster_parts.since import resolve_since, set_since
 from oaipmh_dagster.definitions import build_definitions
 from oaipmh_dagster.demo.dataset import ServedRecord, make_dataset
-from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.helpers import add_harvester, expected_snapshot
+from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 
 LOCATION = "oaipmh_dagster"
 

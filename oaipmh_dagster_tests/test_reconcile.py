@@ -14,12 +14,12 @@ import pytest
 from oaipmh_dagster import cli
 from oaipmh_dagster.dagster_parts.assets import RECONCILE_TAG, SCHEDULE_TAG
 from oaipmh_dagster.demo.dataset import Dataset, ServedRecord, make_dataset
-from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.harvest import HarvestError, harvest
 from oaipmh_dagster.reconcile import NOT_LISTED
 from oaipmh_dagster.registry import InvalidHarvester, Registry
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.helpers import add_harvester, expected_snapshot
+from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 from oaipmh_dagster_tests.test_short_list import on_list_page
 from oaipmh_dagster_tests.test_since import op_name, raw_meta, run_job
 

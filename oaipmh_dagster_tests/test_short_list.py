@@ -13,10 +13,11 @@ import pytest
 
 from oaipmh_dagster import cli
 from oaipmh_dagster.demo.dataset import Dataset, make_dataset
-from oaipmh_dagster.demo.server import OAIServer, RequestInfo
 from oaipmh_dagster.harvest import harvest
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.helpers import add_harvester
+from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
+from oaipmh_dagster_tests.oaiserver import RequestInfo
 from oaipmh_dagster_tests.test_since import list_froms, raw_meta, run_job, since_of, tick
 
 T1 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)

@@ -22,11 +22,11 @@ from oaipmh_dagster.dagster_parts.since import (
 )
 from oaipmh_dagster.definitions import build_definitions
 from oaipmh_dagster.demo.dataset import ServedRecord, make_dataset
-from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.oai import Granularity
 from oaipmh_dagster.registry import Harvester, Registry
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.helpers import add_harvester, expected_snapshot
+from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 
 LOCATION = "oaipmh_dagster"
 T1 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)

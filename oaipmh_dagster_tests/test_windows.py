@@ -10,13 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oaipmh_dagster.demo.dataset import make_dataset
-from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.harvest import harvest
 from oaipmh_dagster.oai import ClientOptions, Granularity, OAIError
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.store import Store
 from oaipmh_dagster.windows import Window, split, unit
 from oaipmh_dagster_tests.helpers import expected_snapshot
+from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 
 FAST = dict(max_retries=1, backoff_base=0.01, backoff_max=0.02, read_timeout=5)
 

@@ -19,12 +19,29 @@ from oaipmh_dagster.demo.dataset import make_dataset
 from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.registry import Harvester, HarvesterNotFound, Registry
 
-DEMO_HARVESTERS = (
-    {"id": "demo", "metadata_prefix": "oai_dc", "sets": (), "cron": "0 * * * *",
-     "name": "Demo repository (Dublin Core)"},
-    {"id": "demo_datacite", "metadata_prefix": "datacite", "sets": ("datasets",),
-     "cron": "30 2 * * *", "name": "Demo repository, datasets (DataCite)", "enabled": False},
-)
+
+def demo_harvesters(base_url: str) -> tuple[Harvester, ...]:
+    """The harvesters the demo registers against its endpoint at ``base_url``."""
+    return (
+        Harvester(
+            id="demo",
+            base_url=base_url,
+            metadata_prefix="oai_dc",
+            cron="0 * * * *",
+            name="Demo repository (Dublin Core)",
+        ),
+        Harvester(
+            id="demo_datacite",
+            base_url=base_url,
+            metadata_prefix="datacite",
+            sets=("datasets",),
+            cron="30 2 * * *",
+            name="Demo repository, datasets (DataCite)",
+            enabled=False,
+        ),
+    )
+
+
 INSTANCE_YAML = """# Written by `oaipmh-dagster demo`: SQLite storage under this directory.
 run_coordinator:
   module: dagster.core.run_coordinator
@@ -58,21 +75,26 @@ def ensure_instance_yaml(home: Path) -> None:
 def register_demo_harvesters(base_url: str, registry: Registry) -> list[Harvester]:
     """Add (or point at `base_url`) the demo harvesters; idempotent."""
     out = []
-    for spec in DEMO_HARVESTERS:
-        fields = {k: v for k, v in spec.items() if k != "id"}
+    for harvester in demo_harvesters(base_url):
         try:
-            current = registry.get(spec["id"])
+            current = registry.get(harvester.id)
             if current.base_url != base_url:
-                current = registry.update(spec["id"], base_url=base_url)
+                current = registry.update(harvester.id, base_url=base_url)
             out.append(current)
         except HarvesterNotFound:
-            out.append(registry.add(Harvester(id=spec["id"], base_url=base_url, **fields)))
+            out.append(registry.add(harvester))
     return out
 
 
 def _dagster_dev(port: int) -> subprocess.Popen:
-    cmd = [str(Path(sys.executable).with_name("dagster")), "dev", "-h", "127.0.0.1",
-           "-p", str(port)]
+    cmd = [
+        str(Path(sys.executable).with_name("dagster")),
+        "dev",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(port),
+    ]
     workspace = Path.cwd() / "workspace.yaml"
     cmd += ["-w", str(workspace)] if workspace.is_file() else ["-m", "oaipmh_dagster.definitions"]
     # Default signal handlers in the child: a shell that backgrounds us may have set
@@ -103,10 +125,11 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def run_demo(*, ui_port: int, oai_port: int, n_records: int, ui: bool,
-             instance_factory: Callable[[], Any]) -> int:
+def run_demo(
+    *, ui_port: int, oai_port: int, n_records: int, ui: bool, instance_factory: Callable[[], Any]
+) -> int:
     """Set everything up, then serve until Ctrl-C (or SIGTERM); returns the exit code."""
-    from oaipmh_dagster.dagster_parts.runner import run_harvest_job
+    from oaipmh_dagster.cli_runner import run_harvest_job
 
     signal.signal(signal.SIGTERM, _interrupt)
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
@@ -120,8 +143,7 @@ def run_demo(*, ui_port: int, oai_port: int, n_records: int, ui: bool,
     try:
         server.start()
     except OSError as exc:
-        click.echo(f"oaipmh-dagster: error: cannot listen on 127.0.0.1:{oai_port}: {exc}",
-                   err=True)
+        click.echo(f"oaipmh-dagster: error: cannot listen on 127.0.0.1:{oai_port}: {exc}", err=True)
         return 1
     proc = None
     try:
@@ -130,8 +152,8 @@ def run_demo(*, ui_port: int, oai_port: int, n_records: int, ui: bool,
         for h in register_demo_harvesters(server.base_url, registry):
             click.echo(f"harvester {h.id}: {h.metadata_prefix} {list(h.sets) or 'all sets'}")
         instance = instance_factory()
-        for spec in DEMO_HARVESTERS:
-            ok, message = run_harvest_job(instance, spec["id"], {}, registry)
+        for harvester in demo_harvesters(server.base_url):
+            ok, message = run_harvest_job(instance, harvester.id, {}, registry)
             click.echo(message)
             if not ok:
                 return 1

@@ -1,12 +1,15 @@
-"""A loopback OAI-PMH 2.0 server over a :class:`Dataset`, with fault injection.
+"""A loopback OAI-PMH 2.0 server over a :class:`Dataset`.
 
 The server runs a :class:`~http.server.ThreadingHTTPServer` in a daemon thread,
 answers the six verbs over GET and POST, pages lists with stateless resumption
-tokens, logs every request, and can misbehave on demand through :attr:`OAIServer.faults`::
+tokens and logs every request::
 
     with OAIServer(make_dataset(500), page_size=50) as server:
-        server.faults.add("truncate", verb="ListRecords", page=3)
         httpx.get(server.base_url, params={"verb": "ListRecords", "metadataPrefix": "oai_dc"})
+
+Every request goes through :meth:`OAIServer.handle`, the one point a subclass
+overrides to alter or replace a reply (a :class:`Reply` may also drop the
+connection or write its body its own way through a :class:`Wire`).
 
 Run ``python -m oaipmh_dagster.demo.server --port 8765`` to serve a sample data set
 in the foreground.
@@ -15,15 +18,9 @@ in the foreground.
 from __future__ import annotations
 
 import argparse
-import base64
 import bisect
 import gzip as gzip_module
-import hashlib
-import hmac
 import itertools
-import json
-import re
-import secrets
 import signal
 import socket
 import socketserver
@@ -31,75 +28,47 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
-from xml.sax.saxutils import escape, quoteattr
+from xml.sax.saxutils import escape
 
 from oaipmh_dagster.demo.dataset import DAY, Dataset, ServedRecord, make_dataset
+from oaipmh_dagster.demo.protocol import (
+    LIST_VERBS,
+    ListState,
+    OAIError,
+    TokenCodec,
+    envelope,
+    error_element,
+    header_xml,
+    parse_arguments,
+    parse_range,
+    record_xml,
+    request_attrs,
+    token_element,
+)
 
 __all__ = [
-    "FAULT_KINDS",
-    "Fault",
-    "FaultPlan",
     "OAIServer",
+    "Paging",
+    "Reply",
     "RequestInfo",
     "RequestLog",
+    "Wire",
     "main",
 ]
 
-OAI_NS = "http://www.openarchives.org/OAI/2.0/"
-XSI_NS = "http://www.w3.org/2001/XMLSchema-instance"
-XML_DECL = '<?xml version="1.0" encoding="UTF-8"?>\n'
-
-FAULT_KINDS = frozenset(
-    {
-        "status",
-        "reset",
-        "delay",
-        "truncate",
-        "illegal_chars",
-        "repeat_token",
-        "bad_token",
-        "html",
-        "oai_error",
-        "gzip_no_header",
-        "huge",
-        "down",
-        "xxe",
-        "billion_laughs",
-        "empty_page",
-        "malformed",
-        "trickle",
-    }
-)
-
-_LIST_VERBS = ("ListIdentifiers", "ListRecords", "ListSets")
-# verb -> (required arguments, optional arguments); resumptionToken is exclusive.
-_ARGUMENTS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    "Identify": (frozenset(), frozenset()),
-    "ListMetadataFormats": (frozenset(), frozenset({"identifier"})),
-    "ListSets": (frozenset(), frozenset({"resumptionToken"})),
-    "ListIdentifiers": (
-        frozenset({"metadataPrefix"}),
-        frozenset({"from", "until", "set", "resumptionToken"}),
-    ),
-    "ListRecords": (
-        frozenset({"metadataPrefix"}),
-        frozenset({"from", "until", "set", "resumptionToken"}),
-    ),
-    "GetRecord": (frozenset({"identifier", "metadataPrefix"}), frozenset()),
-}
-_DAY_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
-_SECONDS_RE = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z")
-_TEXT_NODE_RE = re.compile(r">([^<>\s])")
+Paging = Literal["next", "repeat", "stall"]
+"""How a list page links on: to the next page, to itself again ("repeat"), or with
+no records to a token one page further ("stall")."""
 
 
-# -- request log and fault plan -----------------------------------------------------
+# -- requests and replies -------------------------------------------------------------
 
 
 @dataclass
@@ -108,7 +77,8 @@ class RequestLog:
 
     ``started``/``finished`` are :func:`time.monotonic` values, the ``*_wall``
     twins are UTC datetimes; ``status`` is 0 when the connection was dropped
-    without a status line; ``bytes_sent`` counts body bytes written.
+    without a status line; ``bytes_sent`` counts body bytes written; ``fault``
+    names what a :meth:`OAIServer.handle` override did to the reply, if anything.
     """
 
     number: int
@@ -134,11 +104,11 @@ class RequestLog:
 
 @dataclass(frozen=True)
 class RequestInfo:
-    """What a fault predicate sees of a request.
+    """A request as :meth:`OAIServer.handle` sees it.
 
-    ``params`` holds the first value of each argument; ``page`` is the 1-based page
-    of a list request (1 without a resumption token, None when the token is garbage
-    or the verb is not a list).
+    ``params`` holds the first value of each argument, ``query`` all of them; ``page``
+    is the 1-based page of a list request (1 without a resumption token, None when
+    the token is garbage or the verb is not a list); ``log`` is its log entry.
     """
 
     number: int
@@ -147,139 +117,69 @@ class RequestInfo:
     params: dict[str, str]
     token: str | None
     page: int | None
+    query: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    log: RequestLog | None = field(default=None, repr=False, compare=False)
+
+
+class Wire:
+    """The client connection a :class:`Reply` writer writes its body to."""
+
+    def __init__(self, handler: BaseHTTPRequestHandler, log: RequestLog, stopping: threading.Event):
+        self._handler = handler
+        self._log = log
+        self._stopping = stopping
+
+    @property
+    def stopping(self) -> bool:
+        """True once the server is stopping."""
+        return self._stopping.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep ``seconds`` unless the server stops first; True when it stops."""
+        return self._stopping.wait(seconds)
+
+    def write(self, data: bytes) -> None:
+        """Send ``data`` now, counted in the request's ``bytes_sent``."""
+        self._handler.wfile.write(data)
+        self._handler.wfile.flush()
+        self._log.bytes_sent += len(data)
+
+    def abort(self) -> None:
+        """Close the connection with a TCP reset."""
+        _abort(self._handler)
 
 
 @dataclass
-class Fault:
-    """A planned misbehaviour: ``kind`` fires on matching requests ``times`` times."""
+class Reply:
+    """What the server sends back.
 
-    kind: str
-    when: Callable[[RequestInfo], bool]
-    times: int | None = 1
-    params: dict[str, Any] = field(default_factory=dict)
-    fired: int = 0
+    The body is gzip-compressed when ``compress`` is on, the server's ``gzip`` is on
+    and the client accepts it; a ``Content-Length`` in ``headers`` is kept as given.
+    ``writer`` writes the (encoded) body its own way instead of at once; ``abort``
+    drops the connection without a status line.
+    """
 
-    @property
-    def exhausted(self) -> bool:
-        """True once the fault has fired ``times`` times (never for ``times=None``)."""
-        return self.times is not None and self.fired >= self.times
-
-
-class FaultPlan:
-    """An ordered, thread-safe list of faults; the first live match fires."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._faults: list[Fault] = []
-
-    def add(
-        self,
-        kind: str,
-        *,
-        when: Callable[[RequestInfo], bool] | None = None,
-        verb: str | Collection[str] | None = None,
-        request_no: int | Collection[int] | None = None,
-        token: str | None = None,
-        page: int | Collection[int] | None = None,
-        times: int | None = 1,
-        **params: Any,
-    ) -> Fault:
-        """Plan a fault of ``kind``; every given condition must hold.
-
-        ``request_no`` is the 1-based number of the request since the server
-        started (or since :meth:`OAIServer.clear_log`); ``times=None`` fires for ever.
-        The keyword ``params`` configure the fault (``status``, ``seconds``, ...).
-        """
-        if kind not in FAULT_KINDS:
-            raise ValueError(f"unknown fault kind {kind!r}; known: {sorted(FAULT_KINDS)}")
-        checks: list[Callable[[RequestInfo], bool]] = []
-        if verb is not None:
-            verbs = {verb} if isinstance(verb, str) else set(verb)
-            checks.append(lambda r: r.verb in verbs)
-        if request_no is not None:
-            numbers = {request_no} if isinstance(request_no, int) else set(request_no)
-            checks.append(lambda r: r.number in numbers)
-        if token is not None:
-            checks.append(lambda r: r.token == token)
-        if page is not None:
-            pages = {page} if isinstance(page, int) else set(page)
-            checks.append(lambda r: r.page in pages)
-        if when is not None:
-            checks.append(when)
-        fault = Fault(kind, lambda r: all(c(r) for c in checks), times, dict(params))
-        with self._lock:
-            self._faults.append(fault)
-        return fault
-
-    def take(self, info: RequestInfo) -> Fault | None:
-        """The first live fault matching ``info``, counted as fired."""
-        with self._lock:
-            for fault in self._faults:
-                if not fault.exhausted and fault.when(info):
-                    fault.fired += 1
-                    return fault
-        return None
-
-    def clear(self) -> None:
-        """Forget every planned fault."""
-        with self._lock:
-            self._faults.clear()
-
-    @property
-    def pending(self) -> list[Fault]:
-        """Faults that can still fire."""
-        with self._lock:
-            return [f for f in self._faults if not f.exhausted]
-
-    def __iter__(self) -> Iterator[Fault]:
-        with self._lock:
-            return iter(list(self._faults))
-
-    def __len__(self) -> int:
-        return len(self._faults)
-
-
-# -- protocol helpers -----------------------------------------------------------------
-
-
-class _OAIError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-@dataclass(frozen=True)
-class _TokenState:
-    """What a resumption token carries: the request, the position and its issue."""
-
-    verb: str
-    cursor: int
-    page: int
-    generation: int
-    issued: float
-    prefix: str | None = None
-    set_spec: str | None = None
-    from_: str | None = None
-    until: str | None = None
-    last: tuple[datetime, str] | None = None
-    snapshot: int | None = None  # the list's snapshot (servers whose tokens page over one)
-
-
-@dataclass
-class _Reply:
     status: int = 200
-    body: str = ""
+    body: str | bytes = ""
     content_type: str = "text/xml; charset=utf-8"
     headers: dict[str, str] = field(default_factory=dict)
+    compress: bool = True
+    writer: Callable[[Wire, bytes], None] | None = None
+    abort: bool = False
+
+    @property
+    def text(self) -> str:
+        """The body as text."""
+        return self.body if isinstance(self.body, str) else self.body.decode("utf-8")
+
+    @property
+    def data(self) -> bytes:
+        """The body as bytes."""
+        return self.body.encode("utf-8") if isinstance(self.body, str) else self.body
 
 
 def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def _seconds(value: datetime) -> str:
-    return _utc(value).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _record_key(record: ServedRecord) -> tuple[datetime, str]:
@@ -296,27 +196,6 @@ def _abort(handler: BaseHTTPRequestHandler) -> None:
         sock.close()
     with suppress(OSError):
         handler.rfile.close()
-
-
-def _text_node_at(body: str) -> int | None:
-    """Where the first text node of the metadata (else of the response) starts."""
-    for anchor in ("<metadata>", "<repositoryName>", "<setName>", "<header", "<responseDate>"):
-        start = body.find(anchor)
-        if start >= 0:
-            found = _TEXT_NODE_RE.search(body, start)
-            if found:
-                return found.start(1)
-    return None
-
-
-def _inject(body: str, text: str, doctype: str = "") -> str:
-    """Insert raw ``text`` into a text node and an optional DOCTYPE after the declaration."""
-    at = _text_node_at(body)
-    if at is not None:
-        body = body[:at] + text + body[at:]
-    if doctype:
-        body = body.replace(XML_DECL, XML_DECL + doctype + "\n", 1)
-    return body
 
 
 # -- HTTP plumbing ----------------------------------------------------------------
@@ -399,7 +278,8 @@ class OAIServer:
     ``latency`` seconds are slept before each answer; responses are gzip-compressed
     when ``gzip`` is on and the client accepts it; resumption tokens expire after
     ``token_ttl`` seconds of :attr:`clock` time (never when None) or on
-    :meth:`expire_tokens`.
+    :meth:`expire_tokens`. ``snapshot_lists`` and ``offset_tokens`` page lists the
+    way some real servers do (see :meth:`__init__`).
     """
 
     def __init__(
@@ -435,16 +315,13 @@ class OAIServer:
         self._snapshots: dict[int, tuple[ServedRecord, ...]] = {}
         self._snapshot_ids = itertools.count(1)
         self.clock: Callable[[], datetime] = lambda: datetime.now(UTC)
-        self.faults = FaultPlan()
         self.max_concurrency = 0
         self._lock = threading.Lock()
         self._log: list[RequestLog] = []
         self._count = 0
         self._in_flight = 0
         self._generation = 0
-        self._secret = secrets.token_bytes(16)
-        self._nonce = itertools.count()
-        self._down_until = 0.0
+        self._tokens = TokenCodec()
         self._stopping = threading.Event()
         self._connections: set[socket.socket] = set()
         self._httpd: _HTTPServer | None = None
@@ -522,6 +399,10 @@ class OAIServer:
         with self._lock:
             self._generation += 1
 
+    def wait(self, seconds: float) -> bool:
+        """Sleep ``seconds`` unless the server stops first; True when it stops."""
+        return self._stopping.wait(seconds)
+
     def _track(self, conn: socket.socket, *, add: bool) -> None:
         with self._lock:
             if add:
@@ -529,60 +410,23 @@ class OAIServer:
             else:
                 self._connections.discard(conn)
 
-    def _encode_token(self, state: _TokenState) -> str:
-        last = [state.last[0].isoformat(), state.last[1]] if state.last else None
-        payload = json.dumps(
-            [
-                1,
-                state.verb,
-                state.prefix,
-                state.set_spec,
-                state.from_,
-                state.until,
-                state.cursor,
-                state.page,
-                last,
-                state.generation,
-                round(state.issued, 3),
-                next(self._nonce),
-                state.snapshot,
-            ],
-            separators=(",", ":"),
-        ).encode()
-        mac = hmac.new(self._secret, payload, hashlib.sha256).digest()[:8]
-        return base64.urlsafe_b64encode(mac + payload).decode().rstrip("=")
+    def _encode_token(self, state: ListState) -> str:
+        return self._tokens.encode(state)
 
-    def _decode_token(self, token: str) -> _TokenState | None:
+    def _decode_token(self, token: str) -> ListState | None:
         """The state in ``token`` (ignoring expiry), or None when it is not ours."""
-        try:
-            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-            mac, payload = raw[:8], raw[8:]
-            if not hmac.compare_digest(
-                mac, hmac.new(self._secret, payload, hashlib.sha256).digest()[:8]
-            ):
-                return None
-            v, verb, prefix, set_spec, from_, until, cursor, page, last, gen, issued, _, snap = (
-                json.loads(payload)
-            )
-            if v != 1:
-                return None
-            last_key = (datetime.fromisoformat(last[0]), last[1]) if last else None
-            return _TokenState(
-                verb, cursor, page, gen, issued, prefix, set_spec, from_, until, last_key, snap
-            )
-        except (ValueError, TypeError, IndexError):
-            return None
+        return self._tokens.decode(token)
 
-    def _state(self, token: str, verb: str) -> _TokenState:
+    def _state(self, token: str, verb: str) -> ListState:
         state = self._decode_token(token)
         if state is None or state.verb != verb:
-            raise _OAIError(
+            raise OAIError(
                 "badResumptionToken", "The value of the resumptionToken argument is invalid."
             )
         if state.generation != self._generation:
-            raise _OAIError("badResumptionToken", "The resumptionToken has expired.")
+            raise OAIError("badResumptionToken", "The resumptionToken has expired.")
         if self.token_ttl is not None and self._now().timestamp() - state.issued > self.token_ttl:
-            raise _OAIError("badResumptionToken", "The resumptionToken has expired.")
+            raise OAIError("badResumptionToken", "The resumptionToken has expired.")
         return state
 
     def _now(self) -> datetime:
@@ -592,11 +436,10 @@ class OAIServer:
 
     def _serve(self, handler: _Handler, method: str, path: str, query: str) -> None:
         params = parse_qs(query, keep_blank_values=True)
-        verb_values = params.get("verb") or [None]
-        verb = verb_values[0]
-        token = (params.get("resumptionToken") or [None])[0]
+        verb = params["verb"][0] if params.get("verb") else None
+        token = params["resumptionToken"][0] if params.get("resumptionToken") else None
         page: int | None = None
-        if verb in _LIST_VERBS:
+        if verb in LIST_VERBS:
             if token is None:
                 page = 1
             else:
@@ -621,124 +464,64 @@ class OAIServer:
         try:
             if self.latency > 0:
                 self._stopping.wait(self.latency)
-            if time.monotonic() < self._down_until:
-                log.fault, log.status = "down", 0
-                _abort(handler)
-                return
-            info = RequestInfo(
-                log.number, method, verb, {k: v[0] for k, v in params.items()}, token, page
-            )
-            fault = self.faults.take(info)
-            log.fault = fault.kind if fault else None
-            if fault is not None and fault.kind == "down":
-                self._down_until = time.monotonic() + float(fault.params.get("seconds", 1.0))
-                log.status = 0
-                _abort(handler)
-                return
-            if fault is not None and fault.kind == "delay":
-                self._stopping.wait(float(fault.params.get("seconds", 5.0)))
-            reply = self._reply(params, fault)
-            self._send(handler, reply, fault, log)
+            first = {k: v[0] for k, v in params.items()}
+            info = RequestInfo(log.number, method, verb, first, token, page, params, log)
+            self._send(handler, self.handle(info), log)
         finally:
             with self._lock:
                 self._in_flight -= 1
                 log.finished = time.monotonic()
                 log.finished_wall = datetime.now(UTC)
 
-    def _reply(self, params: dict[str, list[str]], fault: Fault | None) -> _Reply:
-        kind = fault.kind if fault else None
-        fp = fault.params if fault else {}
-        if kind == "status":
-            status = int(fp.get("status", 503))
-            headers = fp.get("headers")
-            if headers is None:
-                headers = {"Retry-After": "1"} if status in (429, 503) else {}
-            body = fp.get("body", f"{status} Service unavailable, try again later.\n")
-            return _Reply(status, body, "text/plain; charset=utf-8", dict(headers))
-        if kind == "html":
-            body = fp.get(
-                "body",
-                "<!DOCTYPE html>\n<html><head><title>Error</title></head><body>"
-                "<h1>Something went wrong</h1><p>The repository is under maintenance."
-                "</p></body></html>\n",
-            )
-            return _Reply(int(fp.get("status", 200)), body, "text/html; charset=utf-8")
-        if kind == "malformed" and "body" in fp:
-            return _Reply(200, str(fp["body"]))
-        verb = params.get("verb", [None])[0]
-        attrs: dict[str, str] = {}
-        status = 200
+    def handle(self, request: RequestInfo) -> Reply:
+        """The reply to ``request``: override to alter or replace it."""
+        return self.respond(request)
+
+    def respond(self, request: RequestInfo, paging: Paging = "next") -> Reply:
+        """The protocol's answer to ``request``, list pages linked as ``paging`` says."""
+        verb, args = "", dict[str, str]()
         try:
-            if kind == "oai_error":
-                status = int(fp.get("status", 422))
-                raise _OAIError(
-                    str(fp.get("code", "badArgument")), str(fp.get("message", "Injected error."))
-                )
-            verb, args = self._arguments(params)
-            attrs = {"verb": verb, **args}
-            if kind == "bad_token":
-                raise _OAIError("badResumptionToken", "The resumptionToken is invalid or expired.")
-            inner = getattr(self, f"_verb_{verb}")(args, kind)
-        except _OAIError as error:
-            if error.code in ("badVerb", "badArgument"):
-                attrs = {}
-            inner = f'<error code="{error.code}">{escape(error.message)}</error>'
-        body = self._envelope(inner, attrs)
-        if kind == "illegal_chars":
-            body = _inject(body, str(fp.get("chars", "\x01\x0b\x1f")))
-        elif kind == "xxe":
-            target = fp.get("url") or "file://" + str(fp.get("path", "/etc/passwd"))
-            body = _inject(body, "&xxe;", f'<!DOCTYPE OAI-PMH [<!ENTITY xxe SYSTEM "{target}">]>')
-        elif kind == "billion_laughs":
-            levels, width = int(fp.get("levels", 10)), int(fp.get("width", 10))
-            entities = ['<!ENTITY lol0 "lol">']
-            for i in range(1, levels):
-                entities.append(f'<!ENTITY lol{i} "{f"&lol{i - 1};" * width}">')
-            doctype = f"<!DOCTYPE OAI-PMH [{''.join(entities)}]>"
-            body = _inject(body, f"&lol{levels - 1};", doctype)
-        elif kind == "malformed":
-            body = body.replace("</responseDate>", "</responseDate><unclosed attr=bare>", 1)
-        return _Reply(status, body)
+            verb, args = parse_arguments(request.query)
+            inner = getattr(self, f"_verb_{verb}")(args, paging)
+            attrs = request_attrs(None, verb, args)
+        except OAIError as error:
+            inner, attrs = error_element(error), request_attrs(error, verb, args)
+        return Reply(body=self.envelope(inner, attrs))
 
-    def _arguments(self, params: dict[str, list[str]]) -> tuple[str, dict[str, str]]:
-        verbs = params.get("verb")
-        if not verbs or len(verbs) > 1 or verbs[0] not in _ARGUMENTS:
-            shown = verbs[0] if verbs else ""
-            raise _OAIError(
-                "badVerb", f"Illegal OAI verb: {shown!r}." if shown else "Missing verb."
-            )
-        verb = verbs[0]
-        required, optional = _ARGUMENTS[verb]
-        args: dict[str, str] = {}
-        for name, values in params.items():
-            if name == "verb":
-                continue
-            if name not in required and name not in optional:
-                raise _OAIError("badArgument", f"Illegal argument for {verb}: {name}.")
-            if len(values) > 1:
-                raise _OAIError("badArgument", f"Repeated argument: {name}.")
-            args[name] = values[0]
-        if "resumptionToken" in args:
-            if len(args) > 1:
-                raise _OAIError("badArgument", "resumptionToken is an exclusive argument.")
-        else:
-            missing = sorted(required - args.keys())
-            if missing:
-                raise _OAIError("badArgument", f"Missing argument: {', '.join(missing)}.")
-        return verb, args
+    def envelope(self, inner: str, attrs: dict[str, str]) -> str:
+        """A whole response around ``inner``, dated by :attr:`clock`."""
+        return envelope(inner, attrs, self.base_url, self._now())
 
-    def _envelope(self, inner: str, attrs: dict[str, str]) -> str:
-        request_attrs = "".join(f" {k}={quoteattr(v)}" for k, v in attrs.items())
-        return (
-            f'{XML_DECL}<OAI-PMH xmlns="{OAI_NS}" xmlns:xsi="{XSI_NS}" '
-            f'xsi:schemaLocation="{OAI_NS} http://www.openarchives.org/OAI/2.0/OAI-PMH.xsd">'
-            f"<responseDate>{_seconds(self._now())}</responseDate>"
-            f"<request{request_attrs}>{escape(self.base_url)}</request>{inner}</OAI-PMH>\n"
-        )
+    def _send(self, handler: _Handler, reply: Reply, log: RequestLog) -> None:
+        if reply.abort:
+            log.status = 0
+            _abort(handler)
+            return
+        body = reply.data
+        headers = {"Content-Type": reply.content_type, **reply.headers}
+        accepts = "gzip" in handler.headers.get("Accept-Encoding", "").lower()
+        if reply.compress and self.gzip and accepts:
+            body = gzip_module.compress(body, compresslevel=5)
+            headers["Content-Encoding"] = "gzip"
+            headers["Vary"] = "Accept-Encoding"
+        headers.setdefault("Content-Length", str(len(body)))
+        try:
+            handler.send_response(reply.status)
+            for name, value in headers.items():
+                handler.send_header(name, value)
+            handler.end_headers()
+            log.status = reply.status
+            wire = Wire(handler, log, self._stopping)
+            if reply.writer is not None:
+                reply.writer(wire, body)
+            else:
+                wire.write(body)
+        except OSError:
+            handler.close_connection = True
 
     # -- verbs -------------------------------------------------------------------------
 
-    def _verb_Identify(self, args: dict[str, str], kind: str | None) -> str:  # noqa: N802
+    def _verb_Identify(self, args: dict[str, str], paging: Paging) -> str:  # noqa: N802
         ds = self.dataset
         host = ds.repository_identifier
         compression = "<compression>gzip</compression>" if self.gzip else ""
@@ -762,16 +545,16 @@ class OAIServer:
             "</Identify>"
         )
 
-    def _verb_ListMetadataFormats(self, args: dict[str, str], kind: str | None) -> str:  # noqa: N802
+    def _verb_ListMetadataFormats(self, args: dict[str, str], paging: Paging) -> str:  # noqa: N802
         ds = self.dataset
         formats = ds.formats
         if "identifier" in args:
             record = ds.get(args["identifier"])
             if record is None:
-                raise _OAIError("idDoesNotExist", f"No item {args['identifier']!r}.")
+                raise OAIError("idDoesNotExist", f"No item {args['identifier']!r}.")
             formats = [f for f in formats if ds.disseminates(record, f[0])]
             if not formats:
-                raise _OAIError("noMetadataFormats", "The item has no metadata formats.")
+                raise OAIError("noMetadataFormats", "The item has no metadata formats.")
         items = "".join(
             f"<metadataFormat><metadataPrefix>{escape(p)}</metadataPrefix>"
             f"<schema>{escape(s)}</schema><metadataNamespace>{escape(n)}</metadataNamespace>"
@@ -780,7 +563,7 @@ class OAIServer:
         )
         return f"<ListMetadataFormats>{items}</ListMetadataFormats>"
 
-    def _verb_ListSets(self, args: dict[str, str], kind: str | None) -> str:  # noqa: N802
+    def _verb_ListSets(self, args: dict[str, str], paging: Paging) -> str:  # noqa: N802
         sets = list(self.dataset.sets.items())
         token = args.get("resumptionToken")
         cursor, page = 0, 1
@@ -788,68 +571,37 @@ class OAIServer:
             state = self._state(token, "ListSets")
             cursor, page = state.cursor, state.page
         if not sets:
-            raise _OAIError("noSetHierarchy", "This repository does not support sets.")
-        chunk = [] if kind == "empty_page" else sets[cursor : cursor + self.page_size]
+            raise OAIError("noSetHierarchy", "This repository does not support sets.")
+        chunk = [] if paging == "stall" else sets[cursor : cursor + self.page_size]
         items = "".join(
             f"<set><setSpec>{escape(spec)}</setSpec><setName>{escape(name)}</setName></set>"
             for spec, name in chunk
         )
-        here = _TokenState("ListSets", cursor, page, self._generation, self._now().timestamp())
+        here = ListState("ListSets", cursor, page, self._generation, self._now().timestamp())
         nxt = replace(here, cursor=cursor + len(chunk), page=page + 1)
         more = cursor + len(chunk) < len(sets)
-        element = self._token_element(kind, token, more, nxt, here, len(sets), cursor)
+        element = self._link(paging, token, more, nxt, here, len(sets), cursor)
         return f"<ListSets>{items}{element}</ListSets>"
 
-    def _verb_ListIdentifiers(self, args: dict[str, str], kind: str | None) -> str:  # noqa: N802
-        return self._list(args, kind, "ListIdentifiers")
+    def _verb_ListIdentifiers(self, args: dict[str, str], paging: Paging) -> str:  # noqa: N802
+        return self._list(args, paging, "ListIdentifiers")
 
-    def _verb_ListRecords(self, args: dict[str, str], kind: str | None) -> str:  # noqa: N802
-        return self._list(args, kind, "ListRecords")
+    def _verb_ListRecords(self, args: dict[str, str], paging: Paging) -> str:  # noqa: N802
+        return self._list(args, paging, "ListRecords")
 
-    def _verb_GetRecord(self, args: dict[str, str], kind: str | None) -> str:  # noqa: N802
+    def _verb_GetRecord(self, args: dict[str, str], paging: Paging) -> str:  # noqa: N802
         ds = self.dataset
         prefix = args["metadataPrefix"]
         record = ds.get(args["identifier"])
         if record is None:
-            raise _OAIError("idDoesNotExist", f"No item {args['identifier']!r}.")
+            raise OAIError("idDoesNotExist", f"No item {args['identifier']!r}.")
         if not ds.disseminates(record, prefix):
-            raise _OAIError("cannotDisseminateFormat", f"Item not available as {prefix!r}.")
+            raise OAIError("cannotDisseminateFormat", f"Item not available as {prefix!r}.")
         return f"<GetRecord>{self._record(record, prefix)}</GetRecord>"
 
     # -- list machinery ----------------------------------------------------------------
 
-    def _range(
-        self, from_: str | None, until: str | None
-    ) -> tuple[date | datetime | None, date | datetime | None]:
-        parsed: list[tuple[date | datetime, bool] | None] = []
-        for name, value in (("from", from_), ("until", until)):
-            if value is None:
-                parsed.append(None)
-                continue
-            try:
-                if _DAY_RE.fullmatch(value):
-                    parsed.append((datetime.strptime(value, "%Y-%m-%d").date(), True))
-                elif _SECONDS_RE.fullmatch(value):
-                    if self.dataset.granularity == DAY:
-                        raise _OAIError(
-                            "badArgument",
-                            f"{name}={value!r} is finer than the repository granularity {DAY}.",
-                        )
-                    stamp = datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-                    parsed.append((stamp, False))
-                else:
-                    raise ValueError(value)
-            except ValueError:
-                raise _OAIError("badArgument", f"Illegal {name} date: {value!r}.") from None
-        low, high = parsed
-        if low and high:
-            if low[1] != high[1]:
-                raise _OAIError("badArgument", "from and until have different granularities.")
-            if low[0] > high[0]:
-                raise _OAIError("badArgument", "from is later than until.")
-        return (low[0] if low else None), (high[0] if high else None)
-
-    def _list(self, args: dict[str, str], kind: str | None, verb: str) -> str:
+    def _list(self, args: dict[str, str], paging: Paging, verb: str) -> str:
         ds = self.dataset
         token = args.get("resumptionToken")
         if token is not None:
@@ -865,14 +617,14 @@ class OAIServer:
             prefix = args["metadataPrefix"]
             set_spec, from_s, until_s = args.get("set"), args.get("from"), args.get("until")
             cursor, page, last, snapshot = 0, 1, None, None
-        low, high = self._range(from_s, until_s)
+        low, high = parse_range(from_s, until_s, ds.granularity)
         if prefix not in ds.prefixes:
-            raise _OAIError("cannotDisseminateFormat", f"Unsupported metadataPrefix {prefix!r}.")
+            raise OAIError("cannotDisseminateFormat", f"Unsupported metadataPrefix {prefix!r}.")
         if set_spec is not None and not ds.sets:
-            raise _OAIError("noSetHierarchy", "This repository does not support sets.")
+            raise OAIError("noSetHierarchy", "This repository does not support sets.")
         if snapshot is not None:
             if snapshot not in self._snapshots:
-                raise _OAIError("badResumptionToken", "The resumptionToken has expired.")
+                raise OAIError("badResumptionToken", "The resumptionToken has expired.")
             view = self._snapshots[snapshot]
         else:
             view = ds.select_view(prefix, low, high, set_spec)
@@ -880,170 +632,63 @@ class OAIServer:
                 snapshot = next(self._snapshot_ids)
                 self._snapshots[snapshot] = view
         if not view and token is None:
-            raise _OAIError("noRecordsMatch", "No records match the request.")
+            raise OAIError("noRecordsMatch", "No records match the request.")
         if self.offset_tokens:
             start = cursor
         else:
             start = 0 if last is None else bisect.bisect_right(view, last, key=_record_key)
-        chunk = () if kind == "empty_page" else view[start : start + self.page_size]
-        more = kind == "empty_page" or start + len(chunk) < len(view)
+        chunk = () if paging == "stall" else view[start : start + self.page_size]
+        more = paging == "stall" or start + len(chunk) < len(view)
         issued = self._now().timestamp()
         next_last = chunk[-1].key if chunk else last
-        here = _TokenState(
-            verb, cursor, page, self._generation, issued, prefix, set_spec, from_s, until_s, last,
+        here = ListState(
+            verb,
+            cursor,
+            page,
+            self._generation,
+            issued,
+            prefix,
+            set_spec,
+            from_s,
+            until_s,
+            last,
             snapshot,
         )
         nxt = replace(here, cursor=cursor + len(chunk), page=page + 1, last=next_last)
         if verb == "ListRecords":
-            items = "".join(self._record(r, prefix) for r in chunk)
+            items = "".join(self._record(r, str(prefix)) for r in chunk)
         else:
-            items = "".join(self._header(r) for r in chunk)
-        element = self._token_element(kind, token, more, nxt, here, len(view), cursor)
+            items = "".join(header_xml(r, ds) for r in chunk)
+        element = self._link(paging, token, more, nxt, here, len(view), cursor)
         return f"<{verb}>{items}{element}</{verb}>"
 
-    def _token_element(
+    def _link(
         self,
-        kind: str | None,
+        paging: Paging,
         token: str | None,
         more: bool,
-        nxt: _TokenState,
-        here: _TokenState,
+        nxt: ListState,
+        here: ListState,
         size: int,
         cursor: int,
     ) -> str:
-        expiry = ""
+        """The page's resumptionToken element, linking on as ``paging`` says."""
+        value: str | None = None
+        if paging == "repeat":
+            value = token if token is not None else self._encode_token(here)
+        elif paging == "stall":
+            value = self._encode_token(replace(here, page=here.page + 1))
+        elif more:
+            value = self._encode_token(nxt)
+        expires = None
         if self.token_ttl is not None:
             expires = datetime.fromtimestamp(nxt.issued + self.token_ttl, UTC)
-            expiry = f' expirationDate="{_seconds(expires)}"'
-        attrs = f'completeListSize="{size}" cursor="{cursor}"'
-        if kind == "repeat_token":
-            value = token if token is not None else self._encode_token(here)
-            return f"<resumptionToken {attrs}{expiry}>{escape(value)}</resumptionToken>"
-        if kind == "empty_page":
-            value = self._encode_token(replace(here, page=here.page + 1))
-            return f"<resumptionToken {attrs}{expiry}>{escape(value)}</resumptionToken>"
-        if more:
-            return f"<resumptionToken {attrs}{expiry}>{escape(self._encode_token(nxt))}</resumptionToken>"
-        if token is not None or cursor > 0:
-            return f"<resumptionToken {attrs}/>"
-        return ""
-
-    def _header(self, record: ServedRecord) -> str:
-        status = ' status="deleted"' if record.deleted else ""
-        specs = "".join(f"<setSpec>{escape(s)}</setSpec>" for s in record.sets)
-        return (
-            f"<header{status}><identifier>{escape(record.identifier)}</identifier>"
-            f"<datestamp>{self.dataset.format_datestamp(record.datestamp)}</datestamp>"
-            f"{specs}</header>"
+        return token_element(
+            value, size=size, cursor=cursor, resumed=token is not None, expires=expires
         )
 
     def _record(self, record: ServedRecord, prefix: str) -> str:
-        if record.deleted:
-            return f"<record>{self._header(record)}</record>"
-        return (
-            f"<record>{self._header(record)}<metadata>{record.metadata[prefix]}</metadata></record>"
-        )
-
-    # -- sending -----------------------------------------------------------------------
-
-    def _send(self, handler: _Handler, reply: _Reply, fault: Fault | None, log: RequestLog) -> None:
-        kind = fault.kind if fault else None
-        fp = fault.params if fault else {}
-        body = reply.body.encode("utf-8")
-        headers = {"Content-Type": reply.content_type, **reply.headers}
-        if kind == "truncate":
-            size = (
-                int(fp["bytes"])
-                if "bytes" in fp
-                else int(len(body) * float(fp.get("fraction", 0.5)))
-            )
-            body = body[: max(0, min(size, len(body)))]
-        padding = 0
-        if kind == "huge":
-            padding = max(0, int(fp.get("bytes", 20_000_000)) - len(body))
-        accepts = "gzip" in handler.headers.get("Accept-Encoding", "").lower()
-        if kind == "gzip_no_header":
-            body = gzip_module.compress(body, compresslevel=5)
-        elif self.gzip and accepts and kind != "huge":
-            body = gzip_module.compress(body, compresslevel=5)
-            headers["Content-Encoding"] = "gzip"
-            headers["Vary"] = "Accept-Encoding"
-        total = len(body) + padding
-        headers["Content-Length"] = str(total)
-        cut: int | None = None
-        if kind == "reset":
-            cut = (
-                int(fp["bytes"])
-                if "bytes" in fp
-                else int(len(body) * float(fp.get("fraction", 0.5)))
-            )
-            cut = max(0, min(cut, len(body) - 1))
-        try:
-            handler.send_response(reply.status)
-            for name, value in headers.items():
-                handler.send_header(name, value)
-            handler.end_headers()
-            log.status = reply.status
-            if cut is not None:
-                handler.wfile.write(body[:cut])
-                log.bytes_sent = cut
-                time.sleep(0.05)
-                _abort(handler)
-                return
-            if kind == "trickle":
-                self._trickle(handler, body, fp, log)
-            elif padding:
-                self._write_padded(handler, body, padding, str(fp.get("style", "comment")), log)
-            else:
-                handler.wfile.write(body)
-                log.bytes_sent = len(body)
-        except OSError:
-            handler.close_connection = True
-
-    def _trickle(
-        self, handler: _Handler, body: bytes, fp: dict[str, Any], log: RequestLog
-    ) -> None:
-        """Write ``body`` ``bytes`` bytes (default 1) at a time, one write every
-        ``interval`` seconds (default 1.0): no read waits long, yet a page of some
-        kilobytes takes hours."""
-        step = max(1, int(fp.get("bytes", 1)))
-        interval = float(fp.get("interval", 1.0))
-        for start in range(0, len(body), step):
-            if self._stopping.wait(interval):
-                return
-            handler.wfile.write(body[start : start + step])
-            handler.wfile.flush()
-            log.bytes_sent += min(step, len(body) - start)
-
-    def _write_padded(
-        self, handler: _Handler, body: bytes, padding: int, style: str, log: RequestLog
-    ) -> None:
-        """Write ``body`` with ``padding`` filler bytes before the closing root tag."""
-        end = body.rfind(b"</OAI-PMH>")
-        head, tail = (body, b"") if end < 0 else (body[:end], body[end:])
-        handler.wfile.write(head)
-        log.bytes_sent = len(head)
-        chunk = 1 << 16
-        if style == "comment" and padding >= 7:
-            inner = padding - 7
-            handler.wfile.write(b"<!--")
-            log.bytes_sent += 4
-            while inner > 0 and not self._stopping.is_set():
-                n = min(chunk, inner)
-                handler.wfile.write(b"x" * n)
-                log.bytes_sent += n
-                inner -= n
-            handler.wfile.write(b"-->")
-            log.bytes_sent += 3
-        else:
-            left = padding
-            while left > 0 and not self._stopping.is_set():
-                n = min(chunk, left)
-                handler.wfile.write(b" " * n)
-                log.bytes_sent += n
-                left -= n
-        handler.wfile.write(tail)
-        log.bytes_sent += len(tail)
+        return record_xml(record, header_xml(record, self.dataset), record.metadata.get(prefix))
 
 
 # -- command line ------------------------------------------------------------------

@@ -20,7 +20,8 @@ import pytest
 from lxml import etree
 
 from oaipmh_dagster.demo.dataset import DAY, SECONDS, Dataset, ServedRecord, make_dataset
-from oaipmh_dagster.demo.server import FAULT_KINDS, OAIServer
+from oaipmh_dagster_tests.oaiserver import FAULT_KINDS
+from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 
 OAI = "http://www.openarchives.org/OAI/2.0/"
 NS = {

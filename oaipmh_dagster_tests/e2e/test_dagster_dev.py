@@ -31,7 +31,6 @@ from oaipmh_dagster.dagster_parts.since import (
     SENSOR_NAME,
 )
 from oaipmh_dagster.demo.dataset import DAY, SECONDS, ServedRecord, make_dataset
-from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.registry import Registry
 from oaipmh_dagster_tests.e2e.conftest import (
     LOCATION,
@@ -40,6 +39,7 @@ from oaipmh_dagster_tests.e2e.conftest import (
     wait_for,
 )
 from oaipmh_dagster_tests.helpers import add_harvester
+from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from oaipmh_dagster.demo.dataset import make_dataset
-from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.oai import Cancelled, ClientOptions, OAIClient, OAITransportError
+from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 
 # Small pages, and a deadline of 5 x 0.6 s = 3 s.
 QUICK = ClientOptions(read_timeout=0.6, connect_timeout=2, max_retries=1, backoff_base=0.01,

@@ -15,12 +15,11 @@ from oaipmh_dagster.oai import (
     OAIDataError,
     OAITransportError,
 )
+from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 
 from .helpers import SleepRecorder
 
-server_module = pytest.importorskip("oaipmh_dagster.demo.server")
 dataset_module = pytest.importorskip("oaipmh_dagster.demo.dataset")
-OAIServer = server_module.OAIServer
 make_dataset = dataset_module.make_dataset
 
 FAST = ClientOptions(max_retries=3, backoff_base=0.0, connect_timeout=2, read_timeout=5)

@@ -22,11 +22,11 @@ import pytest
 import sqlalchemy as sa
 
 from oaipmh_dagster.demo.dataset import make_dataset
-from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.oai import ClientOptions
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.conftest import PG_URL, REPO_ROOT, require_postgres
+from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 
 # Tiny backoff so a retried fault costs milliseconds, not seconds.
 FAST = ClientOptions(max_retries=3, backoff_base=0.01, backoff_max=0.05, read_timeout=5,

@@ -47,11 +47,12 @@ from oaipmh_dagster.dagster_parts import sensors
 from oaipmh_dagster.dagster_parts.assets import asset_keys, op_name
 from oaipmh_dagster.dagster_parts.since import current_state, resolve_since
 from oaipmh_dagster.definitions import build_definitions
-from oaipmh_dagster.demo.server import OAIServer, RequestInfo
 from oaipmh_dagster.oai import format_datestamp, parse_user_datetime
 from oaipmh_dagster.registry import Harvester, Registry
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.helpers import add_harvester, expected_snapshot
+from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
+from oaipmh_dagster_tests.oaiserver import RequestInfo
 from oaipmh_dagster_tests.reliability.convergence import (
     SELECTIONS,
     Profile,

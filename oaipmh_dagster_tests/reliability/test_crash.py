@@ -17,11 +17,11 @@ import pytest
 
 from oaipmh_dagster import db
 from oaipmh_dagster.demo.dataset import make_dataset
-from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.harvest import harvest
 from oaipmh_dagster.oai import OAIDataError
 from oaipmh_dagster.store import HarvestInProgress, Store, utc_datestamp
 from oaipmh_dagster_tests.helpers import expected_snapshot
+from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 from oaipmh_dagster_tests.reliability.conftest import FAST, PAGE, RECORDS, assert_consistent
 from oaipmh_dagster_tests.reliability.conftest import harvester as _h
 

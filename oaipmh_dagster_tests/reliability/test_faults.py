@@ -20,7 +20,6 @@ import dagster as dg
 import pytest
 
 from oaipmh_dagster.demo.dataset import ServedRecord, make_dataset
-from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.harvest import HarvestStats, harvest
 from oaipmh_dagster.oai import (
     BadArgument,
@@ -34,6 +33,7 @@ from oaipmh_dagster.oai import (
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.helpers import add_harvester, expected_snapshot
+from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 from oaipmh_dagster_tests.reliability.conftest import FAST, PAGE, RECORDS, assert_consistent
 from oaipmh_dagster_tests.reliability.conftest import harvester as _h
 

@@ -19,12 +19,12 @@ import dagster as dg
 import pytest
 
 from oaipmh_dagster.demo.dataset import make_dataset
-from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.harvest import harvest
 from oaipmh_dagster.oai import ClientOptions, OAITransportError
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.conftest import REPO_ROOT
 from oaipmh_dagster_tests.helpers import add_harvester, expected_snapshot
+from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 from oaipmh_dagster_tests.reliability.conftest import FAST, PAGE, RECORDS, assert_consistent
 from oaipmh_dagster_tests.reliability.conftest import harvester as _h
 

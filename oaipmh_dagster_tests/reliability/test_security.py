@@ -23,13 +23,13 @@ import sqlalchemy as sa
 
 from oaipmh_dagster import db
 from oaipmh_dagster.demo.dataset import ServedRecord, make_dataset
-from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.harvest import CredentialsError, HarvestError, harvest
 from oaipmh_dagster.oai import OAIClient, OAIDataError, OAIError, OAIHTTPStatusError
 from oaipmh_dagster.registry import Harvester, InvalidHarvester, Registry, harvester_table
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.helpers import add_harvester, expected_snapshot
 from oaipmh_dagster_tests.reliability.conftest import FAST
+from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 from oaipmh_dagster_tests.reliability.conftest import harvester as _h
 
 VERBS = ("Identify", "ListMetadataFormats", "ListSets", "ListIdentifiers", "ListRecords",
