@@ -3,10 +3,13 @@
 Every record of a demo data set (`make_dataset`) is rendered to bytes once, at start-up:
 its `<header>` and its `<record>` element in one metadata format. A request is then
 answered by joining pre-rendered fragments, so the server costs little next to the
-client being measured. The server honours `from`/`until` (both granularities), `set`
-(with hierarchy), resumption tokens (stateless, offset based: the data never changes),
-an optional latency per request (slept outside any lock, so concurrent requests overlap),
-and counts requests and the peak of concurrent list requests.
+client being measured. Argument validation, `from`/`until` parsing, envelopes, errors and
+resumption tokens come from the demo server's protocol core
+(`oaipmh_dagster.demo.protocol`); this module only swaps in the pre-rendered record store.
+The server honours `from`/`until` (both granularities), `set` (with hierarchy), resumption
+tokens (stateless, offset based: the data never changes), an optional latency per request
+(slept outside any lock, so concurrent requests overlap), and counts requests and the peak
+of concurrent list requests.
 
 It runs in its own process (`ServerProcess`), so it never competes with the measured
 client for the GIL:
@@ -19,7 +22,6 @@ prints `READY <base url>` and then answers `stats` / `reset` lines on stdin unti
 from __future__ import annotations
 
 import argparse
-import base64
 import bisect
 import contextlib
 import json
@@ -30,20 +32,33 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
-from xml.sax.saxutils import escape, quoteattr
+from xml.sax.saxutils import escape
 
 from oaipmh_dagster.demo.dataset import DAY, Dataset, make_dataset
+from oaipmh_dagster.demo.protocol import (
+    ENVELOPE_TAIL,
+    ListState,
+    OAIError,
+    TokenCodec,
+    envelope_head,
+    error_element,
+    format_seconds,
+    header_xml,
+    parse_arguments,
+    parse_range,
+    record_xml,
+    request_attrs,
+    token_element,
+)
 
-OAI_NS = "http://www.openarchives.org/OAI/2.0/"
-XSI_NS = "http://www.w3.org/2001/XMLSchema-instance"
 PATH = "/oai"
-SECONDS_FMT = "%Y-%m-%dT%H:%M:%SZ"
 DAY_SECONDS = 86400
+_TAIL = ENVELOPE_TAIL.encode()
 VIEW_CACHE = 256
 DISTINCT_METADATA = 50_000
 
@@ -55,7 +70,17 @@ def dataset_for(records: int, seed: int = 7) -> Dataset:
 
 
 def _utc(ts: int) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime(SECONDS_FMT)
+    return format_seconds(datetime.fromtimestamp(ts, UTC))
+
+
+def _timestamp(value: date | datetime | None, *, end: bool) -> int | None:
+    """A parsed `from`/`until` as a POSIX timestamp (a day's last second for `until`)."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return int(value.timestamp())
+    start = int(datetime(value.year, value.month, value.day, tzinfo=UTC).timestamp())
+    return start + DAY_SECONDS - 1 if end else start
 
 
 @dataclass
@@ -87,19 +112,14 @@ class Corpus:
         live = 0
         for rec in dataset.records:
             stamp = int(rec.datestamp.timestamp())
-            specs = "".join(f"<setSpec>{escape(s)}</setSpec>" for s in rec.sets)
-            status = ' status="deleted"' if rec.deleted else ""
-            header = (f"<header{status}><identifier>{escape(rec.identifier)}</identifier>"
-                      f"<datestamp>{dataset.format_datestamp(rec.datestamp)}</datestamp>"
-                      f"{specs}</header>")
+            header = header_xml(rec, dataset)
             if rec.deleted:
-                record = f"<record>{header}</record>"
+                record = record_xml(rec, header, None)
             elif prefix in rec.metadata:
                 if live < distinct:
                     pool.append(rec.metadata[prefix])
-                meta = pool[live % distinct]
+                record = record_xml(rec, header, pool[live % distinct])
                 live += 1
-                record = f"<record>{header}<metadata>{meta}</metadata></record>"
             else:
                 continue
             corpus.stamps.append(stamp)
@@ -113,12 +133,6 @@ class Corpus:
         return len(self.stamps)
 
 
-class OAIFailure(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
-
-
 class Responder:
     """Answers OAI-PMH requests from a `Corpus` (no I/O)."""
 
@@ -130,23 +144,9 @@ class Responder:
         self._set_index: dict[str, tuple[list[int], list[int]]] = {}
         self._views: dict[tuple[Any, ...], Any] = {}
         self._lock = threading.Lock()
+        self._tokens = TokenCodec()
 
     # -- selection ---------------------------------------------------------------------
-
-    def _parse_time(self, name: str, value: str | None, end: bool) -> tuple[int, bool] | None:
-        if value is None:
-            return None
-        try:
-            if len(value) == 10:
-                day = datetime.strptime(value, "%Y-%m-%d").replace(tzinfo=UTC)
-                ts = int(day.timestamp())
-                return (ts + DAY_SECONDS - 1 if end else ts), True
-            if self.corpus.granularity == DAY:
-                raise OAIFailure("badArgument", f"{name} is finer than the granularity")
-            ts = int(datetime.strptime(value, SECONDS_FMT).replace(tzinfo=UTC).timestamp())
-            return ts, False
-        except ValueError:
-            raise OAIFailure("badArgument", f"illegal {name} date {value!r}") from None
 
     def _members(self, spec: str) -> tuple[list[int], list[int]]:
         with self._lock:
@@ -160,29 +160,24 @@ class Responder:
 
     def view(self, set_spec: str | None, from_: str | None, until: str | None) -> Any:
         """Indices of the selected records, in list order (a range or a list)."""
-        low = self._parse_time("from", from_, end=False)
-        high = self._parse_time("until", until, end=True)
-        if low and high:
-            if low[1] != high[1]:
-                raise OAIFailure("badArgument", "from and until differ in granularity")
-            if low[0] > high[0]:
-                raise OAIFailure("badArgument", "from is after until")
+        first, last = parse_range(from_, until, self.corpus.granularity)
+        low, high = _timestamp(first, end=False), _timestamp(last, end=True)
         key = (set_spec, low, high)
         hit = self._views.get(key)
         if hit is not None:
             return hit
         if set_spec is None:
             stamps = self.corpus.stamps
-            start = 0 if low is None else bisect.bisect_left(stamps, low[0])
-            stop = len(stamps) if high is None else bisect.bisect_right(stamps, high[0])
+            start = 0 if low is None else bisect.bisect_left(stamps, low)
+            stop = len(stamps) if high is None else bisect.bisect_right(stamps, high)
             result: Any = range(start, max(start, stop))
         else:
             if set_spec not in self.corpus.sets:
                 result = range(0)
             else:
                 idx, stamps = self._members(set_spec)
-                start = 0 if low is None else bisect.bisect_left(stamps, low[0])
-                stop = len(stamps) if high is None else bisect.bisect_right(stamps, high[0])
+                start = 0 if low is None else bisect.bisect_left(stamps, low)
+                stop = len(stamps) if high is None else bisect.bisect_right(stamps, high)
                 result = idx[start:stop]
         with self._lock:
             if len(self._views) >= VIEW_CACHE:
@@ -193,28 +188,19 @@ class Responder:
     # -- verbs -------------------------------------------------------------------------
 
     def envelope(self, attrs: dict[str, str], inner: list[bytes]) -> bytes:
-        request = "".join(f" {k}={quoteattr(v)}" for k, v in attrs.items())
-        now = datetime.now(UTC).strftime(SECONDS_FMT)
-        head = (f'<?xml version="1.0" encoding="UTF-8"?>\n<OAI-PMH xmlns="{OAI_NS}" '
-                f'xmlns:xsi="{XSI_NS}" xsi:schemaLocation="{OAI_NS} '
-                f'http://www.openarchives.org/OAI/2.0/OAI-PMH.xsd"><responseDate>{now}'
-                f"</responseDate><request{request}>{escape(self.base_url)}</request>")
-        return b"".join([head.encode(), *inner, b"</OAI-PMH>\n"])
+        head = envelope_head(attrs, self.base_url, datetime.now(UTC)).encode()
+        return b"".join([head, *inner, _TAIL])
 
     def answer(self, params: dict[str, list[str]]) -> tuple[str, bytes]:
         """(verb, body) of a request."""
-        args = {k: v[0] for k, v in params.items()}
-        verb = args.pop("verb", "")
+        verb, args = "", dict[str, str]()
         try:
-            if any(len(v) > 1 for v in params.values()):
-                raise OAIFailure("badArgument", "repeated argument")
-            handler = getattr(self, f"verb_{verb}", None)
-            if handler is None:
-                raise OAIFailure("badVerb", f"illegal verb {verb!r}")
-            return verb, self.envelope({"verb": verb, **args}, handler(args))
-        except OAIFailure as exc:
-            inner = f'<error code="{exc.code}">{escape(exc.message)}</error>'.encode()
-            return verb, self.envelope({}, [inner])
+            verb, args = parse_arguments(params)
+            inner = getattr(self, f"verb_{verb}")(args)
+            attrs = request_attrs(None, verb, args)
+        except OAIError as error:
+            inner, attrs = [error_element(error).encode()], request_attrs(error, verb, args)
+        return verb, self.envelope(attrs, inner)
 
     def verb_Identify(self, args: dict[str, str]) -> list[bytes]:  # noqa: N802
         c = self.corpus
@@ -237,17 +223,17 @@ class Responder:
 
     def verb_ListSets(self, args: dict[str, str]) -> list[bytes]:  # noqa: N802
         if not self.corpus.sets:
-            raise OAIFailure("noSetHierarchy", "no sets")
+            raise OAIError("noSetHierarchy", "no sets")
         items = "".join(f"<set><setSpec>{escape(s)}</setSpec><setName>{escape(n)}</setName></set>"
                         for s, n in self.corpus.sets.items())
         return [f"<ListSets>{items}</ListSets>".encode()]
 
     def verb_GetRecord(self, args: dict[str, str]) -> list[bytes]:  # noqa: N802
         if args.get("metadataPrefix") != self.corpus.prefix:
-            raise OAIFailure("cannotDisseminateFormat", "unsupported metadataPrefix")
+            raise OAIError("cannotDisseminateFormat", "unsupported metadataPrefix")
         i = self._by_id.get(args.get("identifier", ""))
         if i is None:
-            raise OAIFailure("idDoesNotExist", "no such item")
+            raise OAIError("idDoesNotExist", "no such item")
         return [b"<GetRecord>", self.corpus.records[i], b"</GetRecord>"]
 
     def verb_ListRecords(self, args: dict[str, str]) -> list[bytes]:  # noqa: N802
@@ -259,41 +245,29 @@ class Responder:
     def _list(self, verb: str, args: dict[str, str], items: list[bytes]) -> list[bytes]:
         token = args.get("resumptionToken")
         if token is not None:
-            if len(args) > 1:
-                raise OAIFailure("badArgument", "resumptionToken is exclusive")
-            try:
-                raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-                t_verb, prefix, set_spec, from_, until, offset = json.loads(raw)
-            except ValueError:
-                raise OAIFailure("badResumptionToken", "unreadable token") from None
-            if t_verb != verb:
-                raise OAIFailure("badResumptionToken", "token of another verb")
+            state = self._tokens.decode(token)
+            if state is None or state.verb != verb:
+                raise OAIError("badResumptionToken", "unreadable token")
+            prefix, set_spec, from_, until = state.prefix, state.set_spec, state.from_, state.until
+            offset, page = state.cursor, state.page
         else:
-            prefix = args.get("metadataPrefix")
-            if prefix is None:
-                raise OAIFailure("badArgument", "metadataPrefix is required")
-            set_spec, from_, until, offset = (args.get("set"), args.get("from"),
-                                              args.get("until"), 0)
+            prefix = args["metadataPrefix"]
+            set_spec, from_, until = args.get("set"), args.get("from"), args.get("until")
+            offset, page = 0, 1
         if prefix != self.corpus.prefix:
-            raise OAIFailure("cannotDisseminateFormat", f"unsupported metadataPrefix {prefix!r}")
+            raise OAIError("cannotDisseminateFormat", f"unsupported metadataPrefix {prefix!r}")
         view = self.view(set_spec, from_, until)
         if not view and token is None:
-            raise OAIFailure("noRecordsMatch", "no records match")
+            raise OAIError("noRecordsMatch", "no records match")
         chunk = view[offset:offset + self.page_size]
         end = offset + len(chunk)
-        size = len(view)
-        parts = [f"<{verb}>".encode()]
-        parts += [items[i] for i in chunk]
-        if end < size:
-            nxt = json.dumps([verb, prefix, set_spec, from_, until, end], separators=(",", ":"))
-            value = base64.urlsafe_b64encode(nxt.encode()).decode().rstrip("=")
-            parts.append(f'<resumptionToken completeListSize="{size}" cursor="{offset}">'
-                         f"{value}</resumptionToken>".encode())
-        elif offset > 0:
-            parts.append(f'<resumptionToken completeListSize="{size}" cursor="{offset}"/>'
-                         .encode())
-        parts.append(f"</{verb}>".encode())
-        return parts
+        value = None
+        if end < len(view):
+            nxt = ListState(verb, end, page + 1, 0, 0.0, prefix, set_spec, from_, until)
+            value = self._tokens.encode(nxt)
+        element = token_element(value, size=len(view), cursor=offset, resumed=token is not None)
+        return [f"<{verb}>".encode(), *[items[i] for i in chunk],
+                f"{element}</{verb}>".encode()]
 
 
 class Counters:
@@ -436,9 +410,9 @@ class ServerProcess:
 
     def _readline(self) -> str:
         assert self.proc is not None and self.proc.stdout is not None
+        stdout = self.proc.stdout
         result: list[str] = []
-        reader = threading.Thread(target=lambda: result.append(self.proc.stdout.readline()),
-                                  daemon=True)
+        reader = threading.Thread(target=lambda: result.append(stdout.readline()), daemon=True)
         reader.start()
         reader.join(self.timeout)
         if not result:
