@@ -39,26 +39,12 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 from xml.sax.saxutils import escape
 
+from oaipmh_dagster.demo import protocol as oai
 from oaipmh_dagster.demo.dataset import DAY, Dataset, make_dataset
-from oaipmh_dagster.demo.protocol import (
-    ENVELOPE_TAIL,
-    ListState,
-    OAIError,
-    TokenCodec,
-    envelope_head,
-    error_element,
-    format_seconds,
-    header_xml,
-    parse_arguments,
-    parse_range,
-    record_xml,
-    request_attrs,
-    token_element,
-)
 
 PATH = "/oai"
 DAY_SECONDS = 86400
-_TAIL = ENVELOPE_TAIL.encode()
+_TAIL = oai.ENVELOPE_TAIL.encode()
 VIEW_CACHE = 256
 DISTINCT_METADATA = 50_000
 
@@ -70,7 +56,7 @@ def dataset_for(records: int, seed: int = 7) -> Dataset:
 
 
 def _utc(ts: int) -> str:
-    return format_seconds(datetime.fromtimestamp(ts, UTC))
+    return oai.format_seconds(datetime.fromtimestamp(ts, UTC))
 
 
 def _timestamp(value: date | datetime | None, *, end: bool) -> int | None:
@@ -112,13 +98,13 @@ class Corpus:
         live = 0
         for rec in dataset.records:
             stamp = int(rec.datestamp.timestamp())
-            header = header_xml(rec, dataset)
+            header = oai.header_xml(rec, dataset)
             if rec.deleted:
-                record = record_xml(rec, header, None)
+                record = oai.record_xml(rec, header, None)
             elif prefix in rec.metadata:
                 if live < distinct:
                     pool.append(rec.metadata[prefix])
-                record = record_xml(rec, header, pool[live % distinct])
+                record = oai.record_xml(rec, header, pool[live % distinct])
                 live += 1
             else:
                 continue
@@ -144,7 +130,7 @@ class Responder:
         self._set_index: dict[str, tuple[list[int], list[int]]] = {}
         self._views: dict[tuple[Any, ...], Any] = {}
         self._lock = threading.Lock()
-        self._tokens = TokenCodec()
+        self._tokens = oai.TokenCodec()
 
     # -- selection ---------------------------------------------------------------------
 
@@ -160,7 +146,7 @@ class Responder:
 
     def view(self, set_spec: str | None, from_: str | None, until: str | None) -> Any:
         """Indices of the selected records, in list order (a range or a list)."""
-        first, last = parse_range(from_, until, self.corpus.granularity)
+        first, last = oai.parse_range(from_, until, self.corpus.granularity)
         low, high = _timestamp(first, end=False), _timestamp(last, end=True)
         key = (set_spec, low, high)
         hit = self._views.get(key)
@@ -188,18 +174,18 @@ class Responder:
     # -- verbs -------------------------------------------------------------------------
 
     def envelope(self, attrs: dict[str, str], inner: list[bytes]) -> bytes:
-        head = envelope_head(attrs, self.base_url, datetime.now(UTC)).encode()
+        head = oai.envelope_head(attrs, self.base_url, datetime.now(UTC)).encode()
         return b"".join([head, *inner, _TAIL])
 
     def answer(self, params: dict[str, list[str]]) -> tuple[str, bytes]:
         """(verb, body) of a request."""
         verb, args = "", dict[str, str]()
         try:
-            verb, args = parse_arguments(params)
+            verb, args = oai.parse_arguments(params)
             inner = getattr(self, f"verb_{verb}")(args)
-            attrs = request_attrs(None, verb, args)
-        except OAIError as error:
-            inner, attrs = [error_element(error).encode()], request_attrs(error, verb, args)
+            attrs = oai.request_attrs(None, verb, args)
+        except oai.OAIError as error:
+            inner, attrs = [oai.error_element(error).encode()], oai.request_attrs(error, verb, args)
         return verb, self.envelope(attrs, inner)
 
     def verb_Identify(self, args: dict[str, str]) -> list[bytes]:  # noqa: N802
@@ -223,17 +209,17 @@ class Responder:
 
     def verb_ListSets(self, args: dict[str, str]) -> list[bytes]:  # noqa: N802
         if not self.corpus.sets:
-            raise OAIError("noSetHierarchy", "no sets")
+            raise oai.OAIError("noSetHierarchy", "no sets")
         items = "".join(f"<set><setSpec>{escape(s)}</setSpec><setName>{escape(n)}</setName></set>"
                         for s, n in self.corpus.sets.items())
         return [f"<ListSets>{items}</ListSets>".encode()]
 
     def verb_GetRecord(self, args: dict[str, str]) -> list[bytes]:  # noqa: N802
         if args.get("metadataPrefix") != self.corpus.prefix:
-            raise OAIError("cannotDisseminateFormat", "unsupported metadataPrefix")
+            raise oai.OAIError("cannotDisseminateFormat", "unsupported metadataPrefix")
         i = self._by_id.get(args.get("identifier", ""))
         if i is None:
-            raise OAIError("idDoesNotExist", "no such item")
+            raise oai.OAIError("idDoesNotExist", "no such item")
         return [b"<GetRecord>", self.corpus.records[i], b"</GetRecord>"]
 
     def verb_ListRecords(self, args: dict[str, str]) -> list[bytes]:  # noqa: N802
@@ -247,7 +233,7 @@ class Responder:
         if token is not None:
             state = self._tokens.decode(token)
             if state is None or state.verb != verb:
-                raise OAIError("badResumptionToken", "unreadable token")
+                raise oai.OAIError("badResumptionToken", "unreadable token")
             prefix, set_spec, from_, until = state.prefix, state.set_spec, state.from_, state.until
             offset, page = state.cursor, state.page
         else:
@@ -255,17 +241,17 @@ class Responder:
             set_spec, from_, until = args.get("set"), args.get("from"), args.get("until")
             offset, page = 0, 1
         if prefix != self.corpus.prefix:
-            raise OAIError("cannotDisseminateFormat", f"unsupported metadataPrefix {prefix!r}")
+            raise oai.OAIError("cannotDisseminateFormat", f"unsupported metadataPrefix {prefix!r}")
         view = self.view(set_spec, from_, until)
         if not view and token is None:
-            raise OAIError("noRecordsMatch", "no records match")
+            raise oai.OAIError("noRecordsMatch", "no records match")
         chunk = view[offset:offset + self.page_size]
         end = offset + len(chunk)
         value = None
         if end < len(view):
-            nxt = ListState(verb, end, page + 1, 0, 0.0, prefix, set_spec, from_, until)
+            nxt = oai.ListState(verb, end, page + 1, 0, 0.0, prefix, set_spec, from_, until)
             value = self._tokens.encode(nxt)
-        element = token_element(value, size=len(view), cursor=offset, resumed=token is not None)
+        element = oai.token_element(value, size=len(view), cursor=offset, resumed=token is not None)
         return [f"<{verb}>".encode(), *[items[i] for i in chunk],
                 f"{element}</{verb}>".encode()]
 
