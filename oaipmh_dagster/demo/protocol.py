@@ -26,6 +26,8 @@ __all__ = [
     "ARGUMENTS",
     "ENVELOPE_TAIL",
     "LIST_VERBS",
+    "OAI_NS",
+    "XML_DECL",
     "ListState",
     "OAIError",
     "TokenCodec",

@@ -124,7 +124,9 @@ class RequestInfo:
 class Wire:
     """The client connection a :class:`Reply` writer writes its body to."""
 
-    def __init__(self, handler: BaseHTTPRequestHandler, log: RequestLog, stopping: threading.Event):
+    def __init__(
+        self, handler: BaseHTTPRequestHandler, log: RequestLog, stopping: threading.Event
+    ) -> None:
         self._handler = handler
         self._log = log
         self._stopping = stopping
