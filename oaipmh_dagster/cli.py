@@ -484,7 +484,7 @@ def harvest(harvester_id: str, since: str | None, until: str | None, full: bool,
         _registry().get(harvester_id)
     except HarvesterNotFound as exc:
         raise Failure(str(exc)) from exc
-    from oaipmh_dagster.dagster_parts.runner import run_harvest_job
+    from oaipmh_dagster.cli_runner import run_harvest_job
 
     config: dict[str, Any] = {"full": full, "resume": not no_resume}
     if reconcile:

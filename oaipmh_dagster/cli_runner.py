@@ -1,4 +1,5 @@
-"""Run a harvester's job in this process on a Dagster instance (the CLI's `harvest`)."""
+"""The CLI's `harvest`: run a harvester's job in this process on a Dagster instance and
+show its progress and outcome."""
 
 from __future__ import annotations
 
@@ -6,27 +7,36 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TextIO
 
 import dagster as dg
 
-from oaipmh_dagster import harvest as harvest_mod
 from oaipmh_dagster.dagster_parts.assets import op_name
+from oaipmh_dagster.dagster_parts.listener import LISTENER_KEY, listener_resource
+from oaipmh_dagster.harvest import HarvestStats, Listener, Progress
 from oaipmh_dagster.registry import Registry
 
 
-def _printer(stream: Any = None) -> Any:
-    stream = stream or sys.stderr  # the current one, not the one at import time
-    last = [0.0]
-    interactive = stream.isatty()
+def _listener(finals: list[HarvestStats], stream: TextIO | None = None) -> Listener:
+    """A progress line on `stream` (default: stderr) that collects the final statistics."""
+    out: TextIO = stream or sys.stderr  # the current one, not the one at import time
+    interactive = out.isatty()
 
-    def show(event: harvest_mod.Progress | harvest_mod.HarvestStats) -> None:
-        if isinstance(event, harvest_mod.HarvestStats):
-            if interactive:
-                stream.write("\r\033[K")
-            return
+    def finish(stats: HarvestStats) -> None:
+        finals.append(stats)
+        if interactive:
+            out.write("\r\033[K")
+
+    return Listener(on_page=_page_printer(out, interactive), on_finish=finish)
+
+
+def _page_printer(stream: TextIO, interactive: bool) -> Callable[[Progress], None]:
+    """One line per page on a terminal (rewritten in place), else one every 5 s."""
+    last = [0.0]
+
+    def show(event: Progress) -> None:
         now = time.monotonic()
         if interactive or now - last[0] >= 5 or event.token is None:
             last[0] = now
@@ -91,20 +101,15 @@ def run_harvest_job(
     h = registry.get(harvester_id)
     defs = build_definitions([h])
     job = defs.resolve_job_def(h.job_name)
-    finals: list[harvest_mod.HarvestStats] = []
-
-    def collect(event: harvest_mod.Progress | harvest_mod.HarvestStats) -> None:
-        if isinstance(event, harvest_mod.HarvestStats):
-            finals.append(event)
-
-    printer = _printer()
+    finals: list[HarvestStats] = []
     run_config = {
         "ops": {op_name(h.id): {"config": config}},
         "loggers": {"console": {"config": {"log_level": "INFO" if verbose else "CRITICAL"}}},
     }
-    with _sigterm_as_sigint(), harvest_mod.listening(printer), harvest_mod.listening(collect):
+    with _sigterm_as_sigint():
         result = job.execute_in_process(
             run_config=run_config, instance=instance, raise_on_error=False,
+            resources={LISTENER_KEY: listener_resource(_listener(finals))},
         )
     if not result.success:
         failures = [

@@ -18,6 +18,7 @@ from dagster._core.definitions.definitions_load_context import (
 from oaipmh_dagster import db
 from oaipmh_dagster.dagster_parts.assets import build_harvester_assets
 from oaipmh_dagster.dagster_parts.jobs import build_harvest_job
+from oaipmh_dagster.dagster_parts.listener import LISTENER_KEY, listener_resource
 from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
 from oaipmh_dagster.dagster_parts.schedules import build_schedule
 from oaipmh_dagster.dagster_parts.sensors import build_since_sensor
@@ -47,7 +48,7 @@ def build_definitions(
 ) -> dg.Definitions:
     """Definitions for `harvesters` (a loop over factories; no I/O). The since sensor
     takes only `location_name`'s runs of these harvesters."""
-    resources = {"oaipmh_db": OAIPMHDatabase()}
+    resources = {"oaipmh_db": OAIPMHDatabase(), LISTENER_KEY: listener_resource()}
     assets, jobs, schedules = [], [], []
     for h in harvesters:
         harvester_assets = build_harvester_assets(h)

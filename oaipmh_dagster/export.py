@@ -15,33 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from oaipmh_dagster.flat import flatten
 from oaipmh_dagster.store import Store
 
 FORMATS = ("parquet", "csv", "jsonl")
 STDOUT = "-"
 BATCH = 10_000
 BUFFER = 1 << 20
-
-
-def flatten(item: dict[str, Any], *, max_len: int | None = None) -> dict[str, Any]:
-    """One record as flat columns: `metadata.<field>` with lists joined by ' | '."""
-    out: dict[str, Any] = {
-        "oai_identifier": item["oai_identifier"],
-        "datestamp": item["datestamp"],
-        "deleted": item["deleted"],
-        "sets": " | ".join(item["sets"]),
-        "errors": json.dumps(item["errors"]) if item["errors"] else "",
-    }
-    for key, value in (item.get("metadata") or {}).items():
-        if isinstance(value, list):
-            value = " | ".join(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
-                               for v in value)
-        elif isinstance(value, dict):
-            value = json.dumps(value, ensure_ascii=False)
-        if max_len is not None and isinstance(value, str) and len(value) > max_len:
-            value = value[: max_len - 1] + "…"
-        out[f"metadata.{key}"] = value
-    return out
 
 
 def _batches(store: Store, harvester_id: str) -> Iterator[list[dict[str, Any]]]:

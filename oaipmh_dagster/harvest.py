@@ -10,10 +10,9 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from datetime import datetime
-from typing import Any
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any, TypedDict, Unpack
 
 from oaipmh_dagster import __version__, incremental
 from oaipmh_dagster import reconcile as reconcile_mod
@@ -25,13 +24,26 @@ from oaipmh_dagster.oai import (
     OAIClient,
     Page,
     format_datestamp,
-    parse_user_datetime,
 )
-from oaipmh_dagster.parallel import Unit, harvest_windows
-from oaipmh_dagster.registry import SET_SPEC_PATTERN, Harvester
-from oaipmh_dagster.store import PageCounts, Store
+from oaipmh_dagster.parallel import harvest_windows
+from oaipmh_dagster.plan import (
+    Checkpoint,
+    ListCheckpoint,
+    Plan,
+    PlanError,
+    RunOptions,
+    WindowedCheckpoint,
+    make_plan,
+    validate,
+)
+from oaipmh_dagster.registry import Harvester
+from oaipmh_dagster.store import Counts, Store, Transform
 from oaipmh_dagster.transform import get_transformer, transform_element, transform_record
-from oaipmh_dagster.windows import Window
+from oaipmh_dagster.windows import WindowState
+
+__all__ = ["CredentialsError", "HarvestError", "HarvestStats", "Listener", "Progress",
+           "RunOptions",
+           "client_options", "describe_short", "harvest", "make_transform"]
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +84,7 @@ class HarvestStats:
     retries: int = 0
     bytes: int = 0
     stripped_chars: int = 0
-    new: int = 0
-    updated: int = 0
-    deleted: int = 0
-    unchanged: int = 0
-    failed: int = 0
-    failed_ids: list[str] = field(default_factory=list)
+    counts: Counts = field(default_factory=Counts)
     complete_list_size: int | None = None
     # Lists that ended short of the completeListSize they announced (suspect: since
     # does not advance), and how many lists could be judged at all.
@@ -89,29 +96,37 @@ class HarvestStats:
     duration: float = 0.0
 
     @property
+    def new(self) -> int:
+        return self.counts.new
+
+    @property
+    def updated(self) -> int:
+        return self.counts.updated
+
+    @property
+    def deleted(self) -> int:
+        return self.counts.deleted
+
+    @property
+    def unchanged(self) -> int:
+        return self.counts.unchanged
+
+    @property
+    def failed(self) -> int:
+        return self.counts.failed
+
+    @property
+    def failed_ids(self) -> list[str]:
+        return self.counts.failed_ids
+
+    @property
     def records(self) -> int:
         """Records seen (every header the server sent for this harvest)."""
-        return self.new + self.updated + self.deleted + self.unchanged
+        return self.counts.records
 
     @property
     def records_per_second(self) -> float:
         return self.records / self.duration if self.duration > 0 else 0.0
-
-    def add_counts(self, counts: PageCounts) -> None:
-        """Accumulate one page's store counts."""
-        self.new += counts.new
-        self.updated += counts.updated
-        self.deleted += counts.deleted
-        self.unchanged += counts.unchanged
-        self.failed += counts.failed
-        self.failed_ids.extend(counts.failed_ids[: max(0, 20 - len(self.failed_ids))])
-
-    def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["records"] = self.records
-        data["records_per_second"] = round(self.records_per_second, 1)
-        data["duration"] = round(self.duration, 3)
-        return data
 
     def summary(self) -> str:
         """One line for logs and the CLI."""
@@ -187,23 +202,31 @@ class Progress:
     token: str | None
 
 
-_listeners: list[Callable[[Progress | HarvestStats], None]] = []
+OnPage = Callable[[Progress], None]
 
 
-@contextmanager
-def listening(fn: Callable[[Progress | HarvestStats], None]) -> Iterator[None]:
-    """Call `fn` with each `Progress` and the final `HarvestStats` of harvests in this
-    process while the block runs (the CLI's progress line)."""
-    _listeners.append(fn)
-    try:
-        yield
-    finally:
-        _listeners.remove(fn)
+@dataclass(frozen=True)
+class Listener:
+    """Who hears about one run's harvest as it goes (the CLI's progress line)."""
+
+    on_page: OnPage | None = None
+    on_finish: Callable[[HarvestStats], None] | None = None
 
 
-def _notify(event: Progress | HarvestStats) -> None:
-    for fn in list(_listeners):
-        fn(event)
+SinceAfterLease = Callable[[], tuple[str | None, bool, bool]]
+
+
+class RunFields(TypedDict, total=False):
+    """`RunOptions` as keywords of `harvest`."""
+
+    since: str | datetime | None
+    until: str | datetime | None
+    full: bool
+    overlap: bool
+    oai_ids: Sequence[str]
+    sets: Sequence[str] | None
+    resume: bool
+    reconcile: bool
 
 
 def credentials(h: Harvester) -> dict[str, Any]:
@@ -259,137 +282,58 @@ def make_transform(name: str) -> Callable[[str, Any], dict[str, Any]]:
 def harvest(
     h: Harvester,
     store: Store,
+    run: RunOptions | None = None,
     *,
     run_id: str,
-    since: str | datetime | None = None,
-    until: str | datetime | None = None,
-    full: bool = False,
-    overlap: bool = False,
-    oai_ids: Sequence[str] = (),
-    sets: Sequence[str] | None = None,
-    resume: bool = True,
-    transform: bool = True,
-    logger: logging.Logger | Any = log,
-    progress: Callable[[Progress], None] | None = None,
     options: ClientOptions | None = None,
     client: OAIClient | None = None,
+    logger: logging.Logger | Any = log,
     is_stale: Callable[[str | None], bool] | None = None,
-    reconcile: bool = False,
-    since_after_lease: Callable[[], tuple[str | None, bool, bool]] | None = None,
+    on_page: OnPage | None = None,
+    since_after_lease: SinceAfterLease | None = None,
+    **fields: Unpack[RunFields],
 ) -> HarvestStats:
-    """Harvest `h` into `store` and return the statistics; raise on failure.
+    """Harvest `h` into `store` as `run` says (or its fields as keywords) and return the
+    statistics; raise on failure.
 
-    `since`/`until` are user input (a date or datetime); `full` ignores `since`;
-    `overlap` asks a little before `since` (a remembered since: see `incremental`);
-    `oai_ids` fetches exactly those records with GetRecord; `reconcile` then compares
-    the identifiers the server lists with the store and repairs the difference (see
-    `reconcile`; it never changes what the harvest may record as since). Each page is committed
-    with its checkpoint, so a failed or killed harvest is resumed by the next one.
-    The statistics say which since the harvest may record (`next_since`) and whether it
-    covered the harvester's whole selection (`covers_selection`). `since_after_lease`,
-    when given, is called once the harvester's lease is held and returns (since, full,
-    overlap): a run that waited for another harvest of the same harvester starts from
-    the since that harvest left."""
+    Each page is committed with its checkpoint, so a failed or killed harvest is resumed
+    by the next one. The statistics say which since the harvest may record
+    (`next_since`) and whether it covered the harvester's whole selection
+    (`covers_selection`). `on_page` is called after each committed page.
+    `since_after_lease`, when given, is called once the harvester's lease is held and
+    returns (since, full, overlap): a run that waited for another harvest of the same
+    harvester starts from the since that harvest left."""
+    run = replace(run or RunOptions(), **fields)
+    _checked(validate, h, run)
     started = time.perf_counter()
-    stats = HarvestStats(harvester_id=h.id)
-    since_dt = None if full or since in (None, "") else parse_user_datetime(since)
-    until_dt = None if until in (None, "") else parse_user_datetime(until)
-    if since_dt and until_dt and since_dt > until_dt:
-        raise HarvestError(f"since {since} is after until {until}")
-    set_specs = list(h.sets if sets is None else sets)
-    for spec in set_specs:  # run config sets skip the row's validation: check them here
-        if not isinstance(spec, str) or not SET_SPEC_PATTERN.fullmatch(spec):
-            raise HarvestError(f"invalid set spec {spec!r}")
-    stats.sets = set_specs
-    stats.scope = incremental.scope(h.base_url, h.metadata_prefix, h.sets)
-    whole = sorted(set(set_specs)) == sorted(set(h.sets))
-    if reconcile and (oai_ids or until_dt is not None or not whole):
-        raise HarvestError("reconcile compares the harvester's whole selection: it cannot be "
-                           "combined with oai_ids, until or other sets than the harvester's")
-    transform_fn = make_transform(h.transformer) if transform else None
+    stats = HarvestStats(harvester_id=h.id, sets=run.set_specs(h),
+                         scope=incremental.scope(h.base_url, h.metadata_prefix, h.sets))
+    transform = make_transform(h.transformer)
     own_client = client is None
     client = client or OAIClient(h.base_url, options or client_options(h), logger=logger)
-    checkpoint = store.acquire(h.id, run_id, is_stale=is_stale, logger=logger)
+    saved = store.acquire(h.id, run_id, is_stale=is_stale, logger=logger)
     ok = False
-    logged = 0.0
     try:
         if since_after_lease is not None:
             since, full, overlap = since_after_lease()
-            since_dt = None if full or since in (None, "") else parse_user_datetime(since)
-            if since_dt and until_dt and since_dt > until_dt:
-                raise HarvestError(f"since {since} is after until {until}")
+            run = replace(run, since=since, full=full, overlap=overlap)
         ident = client.identify()
-        gran = ident.granularity
-        stats.granularity = gran.value
-        stats.response_date = format_datestamp(ident.response_date, gran)
-        if since_dt is not None and overlap:
-            since_dt = incremental.request_from(since_dt, gran, h.overlap)
-        stats.since = format_datestamp(since_dt, gran) if since_dt else None
-        stats.until = format_datestamp(until_dt, gran) if until_dt else None
-        checkpoint = checkpoint if resume else None
-        if checkpoint and not checkpoint.get("list_start"):
-            logger.warning("the interrupted harvest's checkpoint does not say when its list "
-                           "started: starting the list again instead of resuming it")
-            checkpoint = None
-        # The server's clock before any list request of this run: the start of its lists,
-        # unless it resumes a list that started earlier (then the checkpoint's).
-        list_start = ident.response_date
-        pages: Iterator[tuple[Page, dict | None]]
-        windowed = False
-        if oai_ids:
-            stats.mode = "oai_ids"
-            pages = ((p, None) for p in _get_records(client, h, list(oai_ids)))
-        else:
-            stats.mode = "full" if since_dt is None else "incremental"
-            start = since_dt or ident.earliest_datestamp
-            if h.max_parallel > 1 and start is not None:
-                end = until_dt or ident.response_date
-                windowed = True
-                pages = _windowed(client, h, gran, start, end, set_specs, checkpoint, stats,
-                                  logger, open_start=since_dt is None,
-                                  open_end=until_dt is None, list_start=list_start)
-            else:
-                if h.max_parallel > 1:
-                    logger.info("the server gives no earliestDatestamp: harvesting sequentially")
-                args = {"metadata_prefix": h.metadata_prefix, "sets": set_specs,
-                        "from": stats.since, "until": stats.until}
-                pages = _sequential(client, h, args, checkpoint, stats, logger, list_start)
-        resumed_start = _checkpoint_start(checkpoint) if checkpoint else None
-        for page, cp in pages:
-            counts = store.upsert_page(h.id, page.records, run_id=run_id,
-                                       transform=transform_fn, checkpoint=cp,
-                                       metadata_prefix=h.metadata_prefix,
-                                       transformer=h.transformer)
-            stats.add_counts(counts)
-            stats.pages += 1
-            rt = page.resumption_token
-            if rt is not None and rt.complete_list_size is not None and not windowed:
-                stats.complete_list_size = rt.complete_list_size  # a window's is partial
-            elapsed = time.perf_counter() - started
-            event = Progress(
-                pages=stats.pages, records=stats.records,
-                rate=stats.records / elapsed if elapsed else 0.0,
-                cursor=rt.cursor if rt else None,
-                complete_list_size=stats.complete_list_size, token=page.token,
-            )
-            if stats.pages == 1 or page.token is None or elapsed - logged >= LOG_EVERY:
-                logged = elapsed
-                logger.info(
-                    "page %d: %d records so far (%.0f/s)%s", event.pages, event.records,
-                    event.rate, f", cursor {event.cursor} of {event.complete_list_size}"
-                    if event.cursor is not None else "",
-                )
-            if progress is not None:
-                progress(event)
-            _notify(event)
-        if stats.mode == "resumed" and resumed_start is not None:
-            list_start = min(list_start, resumed_start)
-        _decide_next_since(stats, list_start, gran, whole=whole, oai_ids=bool(oai_ids),
-                           until=until_dt is not None, since=since)
-        if reconcile:
+        plan = _checked(make_plan, h, run, ident, saved)
+        for level, note in plan.notes:
+            getattr(logger, level)(note)
+        _start(stats, plan, ident.response_date)
+        _store_pages(_pages(client, h, plan, stats, logger), store, h, run_id, transform,
+                     stats, plan, on_page, logger, started)
+        list_start = plan.list_start
+        if stats.mode == "resumed" and plan.resumed_list_start is not None:
+            list_start = min(list_start, plan.resumed_list_start)
+        _decide_next_since(stats, list_start, plan.granularity, whole=plan.covers_sets,
+                           oai_ids=bool(run.oai_ids), until=run.until_dt() is not None,
+                           since=run.since)
+        if run.reconcile:
             store.save_checkpoint(h.id, run_id, None)  # the lists are complete
             stats.reconcile = reconcile_mod.reconcile(client, h, store, run_id=run_id,
-                                                      transform=transform_fn, logger=logger)
+                                                      transform=transform, logger=logger)
         ok = True
     finally:
         cs = client.stats
@@ -400,8 +344,93 @@ def harvest(
         if own_client:
             client.close()
     logger.info("harvest finished: %s", stats.summary())
-    _notify(stats)
     return stats
+
+
+def _checked(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`, its `PlanError` raised as the `HarvestError` callers expect."""
+    try:
+        return fn(*args)
+    except PlanError as exc:
+        raise HarvestError(str(exc)) from None
+
+
+def _start(stats: HarvestStats, plan: Plan, response_date: datetime) -> None:
+    """The statistics a plan decides before the first page."""
+    stats.mode = plan.mode
+    stats.granularity = plan.granularity.value
+    stats.response_date = format_datestamp(response_date, plan.granularity)
+    stats.since, stats.until = plan.since, plan.until
+    if plan.resume is not None:
+        stats.resumed_from_token = plan.resume.token
+
+
+def _store_pages(
+    pages: Iterator[tuple[Page, Checkpoint | None]], store: Store, h: Harvester, run_id: str,
+    transform: Transform, stats: HarvestStats, plan: Plan, on_page: OnPage | None,
+    logger: Any, started: float,
+) -> None:
+    """The page loop: store each page with its checkpoint, count, log and report it."""
+    logged = 0.0
+    for page, cp in pages:
+        counts = store.upsert_page(h.id, page.records, run_id=run_id, transform=transform,
+                                   checkpoint=None if cp is None else cp.to_json(),
+                                   metadata_prefix=h.metadata_prefix,
+                                   transformer=h.transformer)
+        stats.counts.add(counts)
+        stats.pages += 1
+        rt = page.resumption_token
+        if rt is not None and rt.complete_list_size is not None and not plan.windowed:
+            stats.complete_list_size = rt.complete_list_size  # a window's is partial
+        elapsed = time.perf_counter() - started
+        event = Progress(
+            pages=stats.pages, records=stats.records,
+            rate=stats.records / elapsed if elapsed else 0.0,
+            cursor=rt.cursor if rt else None,
+            complete_list_size=stats.complete_list_size, token=page.token,
+        )
+        if stats.pages == 1 or page.token is None or elapsed - logged >= LOG_EVERY:
+            logged = elapsed
+            logger.info(
+                "page %d: %d records so far (%.0f/s)%s", event.pages, event.records,
+                event.rate, f", cursor {event.cursor} of {event.complete_list_size}"
+                if event.cursor is not None else "",
+            )
+        if on_page is not None:
+            on_page(event)
+
+
+def _pages(
+    client: OAIClient, h: Harvester, plan: Plan, stats: HarvestStats, logger: Any
+) -> Iterator[tuple[Page, Checkpoint | None]]:
+    """The plan's pages, each with the checkpoint to save with it; records already
+    delivered by another set's list are dropped (the one place sets are de-duplicated)."""
+    if plan.oai_ids:
+        return ((p, None) for p in _get_records(client, h, list(plan.oai_ids)))
+    if plan.windowed:
+        pages = _windowed(client, h, plan, logger)
+    else:
+        pages = _sequential(client, h, plan, stats, logger)
+    return _distinct(pages) if len(plan.sets) > 1 else pages
+
+
+def _distinct(
+    pages: Iterator[tuple[Page, Checkpoint | None]],
+) -> Iterator[tuple[Page, Checkpoint | None]]:
+    """Drop records an earlier page of this harvest already delivered (a record in
+    several of the harvested sets); `page.duplicates_dropped` counts them."""
+    seen: set[str] = set()
+    for page, cp in pages:
+        kept = []
+        for record in page.records:
+            identifier = record.header.identifier
+            if identifier in seen:
+                page.duplicates_dropped += 1
+            else:
+                seen.add(identifier)
+                kept.append(record)
+        page.records = kept
+        yield page, cp
 
 
 def _decide_next_since(
@@ -427,59 +456,23 @@ def _decide_next_since(
     stats.since_note = "; ".join(notes)
 
 
-def _checkpoint_start(checkpoint: dict[str, Any]) -> datetime | None:
-    """When the checkpoint's list(s) started (server clock)."""
-    try:
-        return parse_user_datetime(checkpoint["list_start"])
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def _checkpoint(
-    page: Page, set_spec: str | None, prefix: str, stats: HarvestStats, list_start: str
-) -> dict[str, Any] | None:
-    """Where to resume after this page (None once its list is complete)."""
-    if not page.token:
-        return None
-    return {"args": {"metadataPrefix": prefix, "set": set_spec, "from": stats.since,
-                     "until": stats.until},
-            "token": page.token, "set": set_spec, "pages": stats.pages + 1,
-            "records": stats.records + len(page.records), "since": stats.since,
-            "until": stats.until, "list_start": list_start}
-
-
-def _resume_point(checkpoint: dict | None, args: dict[str, Any]) -> tuple[str | None, str] | None:
-    """(set, token) to resume from, when the checkpoint belongs to this same list."""
-    if not checkpoint or not checkpoint.get("token"):
-        return None
-    cp_args = checkpoint.get("args") or {}
-    same = (
-        checkpoint.get("since") == args["from"]
-        and checkpoint.get("until") == args["until"]
-        and cp_args.get("metadataPrefix") == args["metadata_prefix"]
-        and (checkpoint.get("set") in args["sets"] if args["sets"] else not checkpoint.get("set"))
-    )
-    return (checkpoint.get("set"), checkpoint["token"]) if same else None
-
-
 def _sequential(
-    client: OAIClient, h: Harvester, args: dict[str, Any], checkpoint: dict | None,
-    stats: HarvestStats, logger: Any, list_start: datetime,
-) -> Iterator[tuple[Page, dict | None]]:
+    client: OAIClient, h: Harvester, plan: Plan, stats: HarvestStats, logger: Any,
+) -> Iterator[tuple[Page, Checkpoint | None]]:
     """One list after another (one per set); each page with its checkpoint, which keeps
     the start of the earliest list it continues."""
-    start = _iso(list_start)
-    if _resume_point(checkpoint, args) is not None:
-        start = str(checkpoint["list_start"])  # type: ignore[index]
     tally: ListTally | None = None
-    for set_spec, page in _list_pages(client, h, args, checkpoint, stats, logger):
+    for set_spec, page in _list_pages(client, h, plan, logger):
         if tally is None or "resumptionToken" not in page.params:
             tally = ListTally.start(set_spec, page)
         tally.add(page)
         if page.token is None:
             _judge(tally, stats, logger)
             tally = None
-        yield page, _checkpoint(page, set_spec, h.metadata_prefix, stats, start)
+        cp = None if page.token is None else ListCheckpoint(
+            page.token, set_spec, h.metadata_prefix, plan.since, plan.until,
+            plan.checkpoint_start, stats.pages + 1, stats.records + len(page.records))
+        yield page, cp
 
 
 def _judge(tally: ListTally, stats: HarvestStats, logger: Any) -> None:
@@ -495,44 +488,27 @@ def _judge(tally: ListTally, stats: HarvestStats, logger: Any) -> None:
                        describe_short(short))
 
 
-def _iso(dt: datetime) -> str:
-    return dt.isoformat()
-
-
 def _windowed(
-    client: OAIClient, h: Harvester, gran: Granularity, start: datetime, end: datetime,
-    sets: list[str], checkpoint: dict | None, stats: HarvestStats, logger: Any, *,
-    open_start: bool, open_end: bool, list_start: datetime,
-) -> Iterator[tuple[Page, dict | None]]:
+    client: OAIClient, h: Harvester, plan: Plan, logger: Any,
+) -> Iterator[tuple[Page, Checkpoint | None]]:
     """Date windows harvested concurrently (up to the harvester's `max_parallel`); each
     page comes with a checkpoint of every window's state, so a failed run resumes only
     the unfinished windows. The outer windows are open-ended where the harvest is (no
     `from` on a full harvest, no `until` without one), so records dated before the
     server's earliestDatestamp or after its responseDate are still harvested."""
-    ident = {"mode": "windowed", "prefix": h.metadata_prefix, "sets": sets,
-             "since": stats.since, "until": stats.until}
-    units: dict[str, Unit] = {}
-    started = _iso(list_start)
-    if checkpoint and all(checkpoint.get(k) == v for k, v in ident.items()):
-        for key, item in checkpoint.get("windows", {}).items():
-            units[key] = Unit(Window.from_dict(item), key, item.get("token"),
-                              bool(item.get("done")), int(item.get("depth", 1)))
-        started = str(checkpoint["list_start"])
-        stats.mode = "resumed"
+    assert plan.windows is not None and plan.window_range is not None
+    gran = plan.granularity
+    units: dict[str, WindowState] = {u.key: replace(u) for u in plan.windows}
+    if plan.mode == "resumed":
         logger.info("resuming the interrupted windowed harvest: %d of %d windows done",
                     sum(u.done for u in units.values()), len(units))
-    else:
-        for spec in sets or [None]:
-            w = Window(spec, start, end, open_start=open_start, open_end=open_end)
-            units[w.key(gran)] = Unit(w, w.key(gran))
+    start, end = plan.window_range
     logger.info("windowed harvest with up to %d parallel requests from %s to %s",
                 h.max_parallel, format_datestamp(start, gran), format_datestamp(end, gran))
-    seen: set[str] | None = set() if len(sets) > 1 else None
 
-    def snapshot() -> dict:
-        return {**ident, "list_start": started, "windows": {
-            k: {**u.window.to_dict(gran), "token": u.token, "done": u.done, "depth": u.depth}
-            for k, u in units.items()}}
+    def snapshot() -> WindowedCheckpoint:
+        return WindowedCheckpoint(h.metadata_prefix, plan.sets, plan.since, plan.until,
+                                  plan.checkpoint_start, gran, tuple(units.values()))
 
     for event in harvest_windows(client, h.metadata_prefix, list(units.values()),
                                  workers=h.max_parallel, granularity=gran, logger=logger):
@@ -544,44 +520,35 @@ def _windowed(
             logger.info("window %s split into %d windows", u.key, len(event.split_into))
             continue
         page = event.page
+        assert page is not None
         u.token = page.token
         u.done = page.token is None
-        if seen is not None:
-            page.records = [r for r in page.records if r.header.identifier not in seen]
-            seen.update(r.header.identifier for r in page.records)
         yield page, snapshot()
 
 
 def _list_pages(
-    client: OAIClient, h: Harvester, args: dict[str, Any], checkpoint: dict | None,
-    stats: HarvestStats, logger: Any,
+    client: OAIClient, h: Harvester, plan: Plan, logger: Any,
 ) -> Iterator[tuple[str | None, Page]]:
-    """The harvest's ListRecords pages (with the set each belongs to), resuming from `checkpoint` when it still applies."""
-    sets: list[str | None] = list(args["sets"]) or [None]
+    """The harvest's ListRecords pages, each with the set it belongs to, from the
+    plan's resume point when it has one."""
+    sets: list[str | None] = list(plan.sets) or [None]
     first = 0
-    point = _resume_point(checkpoint, args)
+    point = plan.resume
     if point is not None:
-        set_spec, token = point
-        first = sets.index(set_spec)
-        stats.mode = "resumed"
-        stats.resumed_from_token = token
+        first = sets.index(point.set_spec)
         logger.info("resuming the interrupted harvest after page %s (%s records) with token %r",
-                    checkpoint.get("pages"), checkpoint.get("records"), token)
+                    point.pages, point.records, point.token)
         try:
-            for page in client.iter_pages("ListRecords", resumption_token=token):
-                yield set_spec, page
+            for page in client.iter_pages("ListRecords", resumption_token=point.token):
+                yield point.set_spec, page
             first += 1
         except BadResumptionToken:
             logger.warning("the checkpoint's resumption token is no longer accepted: "
                            "restarting the list from its original arguments")
-    remaining = sets[first:]
-    if not remaining:
-        return
-    for page in client.iter_record_pages(
-        h.metadata_prefix, sets=[s for s in remaining if s is not None],
-        from_=args["from"], until=args["until"],
-    ):
-        yield page.request_args.get("set"), page
+    for set_spec in sets[first:]:
+        for page in client.iter_pages("ListRecords", metadata_prefix=h.metadata_prefix,
+                                      set_spec=set_spec, from_=plan.since, until=plan.until):
+            yield set_spec, page
 
 
 def _get_records(client: OAIClient, h: Harvester, identifiers: list[str]) -> Iterator[Page]:
@@ -607,7 +574,5 @@ def _get_records(client: OAIClient, h: Harvester, identifiers: list[str]) -> Ite
 
 
 def _synthetic_page(records: list) -> Page:
-    from datetime import UTC
-
     return Page(records=records, resumption_token=None, response_date=datetime.now(UTC),
                 request_url="", verb="GetRecord", params={})

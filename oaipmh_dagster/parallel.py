@@ -17,33 +17,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oaipmh_dagster.oai import BadResumptionToken, Granularity, OAIClient, Page
-from oaipmh_dagster.windows import Window, split
+from oaipmh_dagster.windows import WindowState, split
 
 SPLIT_PAGES = 10
 MAX_SPLIT = 128
-
-
 MAX_DEPTH = 6
-
-
-@dataclass
-class Unit:
-    """A window and where its list stands (`token`: next page to ask for)."""
-
-    window: Window
-    key: str
-    token: str | None = None
-    done: bool = False
-    depth: int = 0
 
 
 @dataclass
 class Event:
     """A page of a unit, or the split of a unit into smaller ones."""
 
-    unit: Unit
+    unit: WindowState
     page: Page | None = None
-    split_into: list[Unit] = field(default_factory=list)
+    split_into: list[WindowState] = field(default_factory=list)
 
 
 class _Stop(Exception):
@@ -51,13 +38,13 @@ class _Stop(Exception):
 
 
 def harvest_windows(
-    client: OAIClient, metadata_prefix: str, units: list[Unit], *, workers: int,
+    client: OAIClient, metadata_prefix: str, units: list[WindowState], *, workers: int,
     granularity: Granularity, logger: Any, split_pages: int = SPLIT_PAGES,
 ) -> Iterator[Event]:
     """Fetch every unfinished unit with `workers` threads; yield events in arrival order.
 
     Raises the first worker error after stopping the others."""
-    todo: deque[Unit] = deque(u for u in units if not u.done)
+    todo: deque[WindowState] = deque(u for u in units if not u.done)
     lock = threading.Lock()
     out: queue.Queue[Event] = queue.Queue(maxsize=max(2, workers * 2))
     stop = threading.Event()
@@ -73,7 +60,7 @@ def harvest_windows(
                 continue
         raise _Stop
 
-    def run_unit(u: Unit) -> None:
+    def run_unit(u: WindowState) -> None:
         start_from, end = u.window.bounds(granularity)
         resumed = u.token is not None
         if resumed:
@@ -93,7 +80,7 @@ def harvest_windows(
                 if pieces > 1:
                     parts = split(u.window, pieces, granularity)
                     if len(parts) > 1:
-                        new = [Unit(w, w.key(granularity), depth=u.depth + 1) for w in parts]
+                        new = [WindowState(w, w.key(granularity), depth=u.depth + 1) for w in parts]
                         with lock:
                             todo.extendleft(reversed(new))
                         put(Event(u, split_into=new))

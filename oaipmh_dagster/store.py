@@ -41,7 +41,7 @@ from oaipmh_dagster.lease import (
 
 __all__ = [
     "DATESTAMP_PLACEHOLDER", "IDENTIFIER_MAX", "STALE_AFTER", "HarvestInProgress",
-    "LeaseLost", "LeaseWaitCancelled", "PageCounts", "Store", "StoreError", "record_table",
+    "Counts", "LeaseLost", "LeaseWaitCancelled", "Store", "StoreError", "record_table",
     "state_table", "utc_datestamp",
 ]
 
@@ -89,12 +89,6 @@ _NO_ERRORS = "[]"
 Transform = Callable[[str, Any], dict[str, Any]]
 
 
-class HarvestHeader(Protocol):
-    identifier: str
-    set_specs: tuple[str, ...]
-    deleted: bool
-
-
 class HarvestRecord(Protocol):
     """What the store needs of a harvested record (`oai.Record` fits)."""
 
@@ -103,17 +97,22 @@ class HarvestRecord(Protocol):
 
 
 @dataclass
-class PageCounts:
-    """What one upsert did."""
+class Counts:
+    """What writes did to records: of a page, a re-transform or a whole harvest."""
 
     new: int = 0
     updated: int = 0
     deleted: int = 0
     unchanged: int = 0
     failed: int = 0
-    failed_ids: list[str] = field(default_factory=list)
+    failed_ids: list[str] = field(default_factory=list)  # the first 20
 
-    def add(self, other: PageCounts) -> None:
+    @property
+    def records(self) -> int:
+        """Records written or found unchanged."""
+        return self.new + self.updated + self.deleted + self.unchanged
+
+    def add(self, other: Counts) -> None:
         """Accumulate `other` into this."""
         self.new += other.new
         self.updated += other.updated
@@ -258,14 +257,14 @@ class Store:
         checkpoint: dict[str, Any] | None = None,
         metadata_prefix: str = "",
         transformer: str = "",
-    ) -> PageCounts:
+    ) -> Counts:
         """Write one page in one transaction: new and changed records are transformed and
         upserted, records whose content hash is unchanged are left alone; `checkpoint` is
         saved in the same commit. `metadata_prefix` and `transformer` name what produced
         the page's metadata (a change of either rewrites every record). While this store
         holds `run_id`'s lease the write is fenced: `LeaseLost` when another run took it
         over, and nothing is written."""
-        counts = PageCounts()
+        counts = Counts()
         latest: dict[str, HarvestRecord] = {}
         for rec in records:
             identifier = rec.header.identifier
@@ -305,7 +304,7 @@ class Store:
     def _row(
         self, harvester_id: str, identifier: str, rec: HarvestRecord, existing: dict,
         produced: bytes, transform: Transform | None, run_id: str | None, now: datetime,
-        counts: PageCounts,
+        counts: Counts,
     ) -> dict[str, Any] | None:
         """The row to upsert for one record (None when its content is unchanged)."""
         header = rec.header
@@ -360,7 +359,7 @@ class Store:
         is_stale: IsStale | None = None, wait: bool = True,
         wait_limit: float | None | types.EllipsisType = ...,
         cancel: threading.Event | None = None, logger: Any = None,
-    ) -> PageCounts:
+    ) -> Counts:
         """Transform every stored live record of a harvester again from its raw XML, under
         the harvester's lease (taken as `acquire` does, released at the end; the harvest
         state's status and checkpoint stay as they were)."""
@@ -372,8 +371,8 @@ class Store:
             self.leases.release(harvester_id, run_id, status=lease.previous_status or "idle",
                                 clear_checkpoint=False)
 
-    def _retransform(self, lease: Lease, transform: Transform, batch: int) -> PageCounts:
-        counts = PageCounts()
+    def _retransform(self, lease: Lease, transform: Transform, batch: int) -> Counts:
+        counts = Counts()
         c = record_table.c
         last = ""
         while True:

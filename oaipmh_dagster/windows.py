@@ -44,6 +44,18 @@ class Window:
                    bool(data.get("open_end")))
 
 
+@dataclass
+class WindowState:
+    """A window of a parallel harvest and where its list stands (`token`: the next page
+    to ask for; `key`: its name in checkpoints)."""
+
+    window: Window
+    key: str
+    token: str | None = None
+    done: bool = False
+    depth: int = 0
+
+
 def unit(granularity: Granularity) -> timedelta:
     """The smallest step the server can tell apart."""
     return timedelta(days=1) if granularity == Granularity.DAY else timedelta(seconds=1)

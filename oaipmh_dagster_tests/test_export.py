@@ -21,7 +21,8 @@ import pytest
 from oaipmh_dagster import cli, db
 from oaipmh_dagster.demo.dataset import make_dataset
 from oaipmh_dagster.demo.server import OAIServer
-from oaipmh_dagster.export import FORMATS, export, flatten
+from oaipmh_dagster.export import FORMATS, export
+from oaipmh_dagster.flat import flatten
 from oaipmh_dagster.registry import Harvester, Registry
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.test_store import rec, title_of

@@ -135,7 +135,7 @@ def test_harvest_whose_lease_is_taken_stops_without_writing(database_url: str) -
 
         with pytest.raises(LeaseLost):
             harvest(_harvester(server), store, run_id="victim", options=FAST,
-                    progress=take_over)
+                    on_page=take_over)
     assert len(rows(store)) == 100  # the first page only
     state = store.state("h")
     assert (state["run_id"], state["status"]) == ("thief", "running")

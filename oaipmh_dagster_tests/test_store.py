@@ -15,9 +15,9 @@ import sqlalchemy as sa
 from oaipmh_dagster import db
 from oaipmh_dagster.store import (
     STALE_AFTER,
+    Counts,
     HarvestInProgress,
     LeaseLost,
-    PageCounts,
     Store,
     record_table,
     state_table,
@@ -81,7 +81,7 @@ def rows(store: Store, harvester_id: str = "h") -> dict[str, dict[str, Any]]:
         return {r["oai_identifier"]: dict(r) for r in result}
 
 
-def counts(c: PageCounts) -> tuple[int, int, int, int, int]:
+def counts(c: Counts) -> tuple[int, int, int, int, int]:
     return (c.new, c.updated, c.deleted, c.unchanged, c.failed)
 
 

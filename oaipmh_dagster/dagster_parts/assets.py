@@ -11,6 +11,7 @@ from dagster._core.definitions.utils import check_valid_name
 
 from oaipmh_dagster import harvest as harvest_mod
 from oaipmh_dagster.dagster_parts.config import HarvestConfig
+from oaipmh_dagster.dagster_parts.listener import LISTENER_KEY
 from oaipmh_dagster.dagster_parts.jobs import HARVESTER_TAG, SINCE_SOURCE_TAG, SINCE_TAG
 from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
 from oaipmh_dagster.dagster_parts.since import (
@@ -167,7 +168,7 @@ def _harvest_op() -> dg.OpDefinition:
         out={name: dg.Out(**nothing) for name in ("raw_records", "records", CHECK_NO_FAILED,
                                                   CHECK_COMPLETE)},
         config_schema=HARVEST_CONFIG_SCHEMA,
-        required_resource_keys={"oaipmh_db"},
+        required_resource_keys={"oaipmh_db", LISTENER_KEY},
     )
     def harvest(context: dg.AssetExecutionContext) -> Any:
         snapshot = _SNAPSHOTS[context.op_def.name.removeprefix(_OP_PREFIX)]
@@ -219,11 +220,15 @@ def run_harvest(
             record = instance.get_run_by_id(other_run)
             return record is None or record.is_finished
 
+        listener: harvest_mod.Listener = getattr(context.resources, LISTENER_KEY)
+        run = harvest_mod.RunOptions(until=config.until, oai_ids=config.oai_ids,
+                                     sets=config.sets, resume=config.resume, reconcile=reconcile)
         stats = harvest_mod.harvest(
-            h, store, run_id=run_id, until=config.until, oai_ids=config.oai_ids,
-            sets=config.sets, resume=config.resume, logger=context.log, is_stale=is_stale,
-            reconcile=reconcile, since_after_lease=since_after_lease,
+            h, store, run, run_id=run_id, logger=context.log, is_stale=is_stale,
+            on_page=listener.on_page, since_after_lease=since_after_lease,
         )
+        if listener.on_finish is not None:
+            listener.on_finish(stats)
         resolved = resolved_box[0]
         meta = raw_metadata(stats, resolved)
         note = meta.get("oai/since_note")
@@ -366,7 +371,7 @@ def preview_markdown(store: Store, harvester_id: str, rows: int = 10) -> str:
     """The first live records as a Markdown table (pandas)."""
     import pandas as pd
 
-    from oaipmh_dagster.export import flatten
+    from oaipmh_dagster.flat import flatten
 
     items = []
     for item in store.iter_records(harvester_id, batch=rows * 2):

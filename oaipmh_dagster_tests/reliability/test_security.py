@@ -7,6 +7,7 @@ they reach a Dagster name or a URL."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import threading
@@ -241,7 +242,7 @@ def test_credentials_sent_to_base_host_only(kind: str, sqlite_url: str, server: 
     assert store.snapshot("redir") == expected_snapshot(other.dataset)
     assert seen and all(s.get("Authorization") == header for s in seen)
     assert other.requests and all("Authorization" not in r.headers for r in other.requests)
-    everything = caplog.text + json.dumps(stats.as_dict()) + _store_text(store, "redir")
+    everything = caplog.text + json.dumps(dataclasses.asdict(stats), default=str) + _store_text(store, "redir")
     assert not _leaks(everything, value)
 
 

@@ -1,0 +1,264 @@
+"""What one harvest asks for, decided before the first list request.
+
+`make_plan` is pure (no network, no disk): from the harvester, the run's options, the
+server's Identify answer and the interrupted harvest's checkpoint it decides `from` and
+`until`, the sets, the date windows of a parallel harvest and where to resume. The page
+loop (`harvest`) executes the plan; `Checkpoint` is what it saves after each page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from oaipmh_dagster import incremental
+from oaipmh_dagster.oai import Granularity, Identify, format_datestamp, parse_user_datetime
+from oaipmh_dagster.registry import SET_SPEC_PATTERN, Harvester
+from oaipmh_dagster.windows import Window, WindowState
+
+
+class PlanError(RuntimeError):
+    """The run's options cannot make a harvest (bad input: nothing was harvested)."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What a run asks of one harvest.
+
+    `since`/`until` are user input (a date or datetime); `full` ignores `since`;
+    `overlap` asks a little before `since` (a remembered since: see `incremental`);
+    `oai_ids` fetches exactly those records with GetRecord; `sets` replaces the
+    harvester's sets; `resume=False` ignores the interrupted harvest's checkpoint;
+    `reconcile` compares the listed identifiers with the store after the lists."""
+
+    since: str | datetime | None = None
+    until: str | datetime | None = None
+    full: bool = False
+    overlap: bool = False
+    oai_ids: Sequence[str] = ()
+    sets: Sequence[str] | None = None
+    resume: bool = True
+    reconcile: bool = False
+
+    def since_dt(self) -> datetime | None:
+        """`since` as a datetime (None on a full harvest or without one)."""
+        return None if self.full or self.since in (None, "") else parse_user_datetime(self.since)
+
+    def until_dt(self) -> datetime | None:
+        return None if self.until in (None, "") else parse_user_datetime(self.until)
+
+    def set_specs(self, h: Harvester) -> list[str]:
+        return list(h.sets if self.sets is None else self.sets)
+
+
+def validate(h: Harvester, run: RunOptions) -> None:
+    """Raise `PlanError` when the options cannot make a harvest of `h`."""
+    since_dt, until_dt = run.since_dt(), run.until_dt()
+    if since_dt and until_dt and since_dt > until_dt:
+        raise PlanError(f"since {run.since} is after until {run.until}")
+    for spec in run.set_specs(h):  # run config sets skip the row's validation
+        if not isinstance(spec, str) or not SET_SPEC_PATTERN.fullmatch(spec):
+            raise PlanError(f"invalid set spec {spec!r}")
+    if run.reconcile and (run.oai_ids or until_dt is not None or not covers_sets(h, run)):
+        raise PlanError("reconcile compares the harvester's whole selection: it cannot be "
+                        "combined with oai_ids, until or other sets than the harvester's")
+
+
+def covers_sets(h: Harvester, run: RunOptions) -> bool:
+    """Whether the run harvests the harvester's own sets."""
+    return sorted(set(run.set_specs(h))) == sorted(set(h.sets))
+
+
+# -- checkpoints ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ListCheckpoint:
+    """A sequential harvest stopped inside a list: the token of its next page."""
+
+    token: str
+    set_spec: str | None
+    metadata_prefix: str
+    since: str | None
+    until: str | None
+    list_start: str  # the server's clock when the earliest list it continues started
+    pages: int = 0
+    records: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"args": {"metadataPrefix": self.metadata_prefix, "set": self.set_spec,
+                         "from": self.since, "until": self.until},
+                "token": self.token, "set": self.set_spec, "pages": self.pages,
+                "records": self.records, "since": self.since, "until": self.until,
+                "list_start": self.list_start}
+
+
+@dataclass(frozen=True)
+class WindowedCheckpoint:
+    """A parallel harvest stopped with some windows unfinished."""
+
+    metadata_prefix: str
+    sets: tuple[str, ...]
+    since: str | None
+    until: str | None
+    list_start: str
+    granularity: Granularity
+    windows: tuple[WindowState, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": "windowed", "prefix": self.metadata_prefix, "sets": list(self.sets),
+                "since": self.since, "until": self.until, "list_start": self.list_start,
+                "windows": {u.key: {**u.window.to_dict(self.granularity), "token": u.token,
+                                    "done": u.done, "depth": u.depth}
+                            for u in self.windows}}
+
+
+Checkpoint = ListCheckpoint | WindowedCheckpoint
+
+
+def checkpoint_from_json(data: Any, granularity: Granularity) -> Checkpoint:
+    """The checkpoint saved as `data`; `ValueError` says why it cannot be read."""
+    if not isinstance(data, dict):
+        raise ValueError("checkpoint is not a JSON object")
+    if not data.get("list_start"):
+        raise ValueError("checkpoint does not say when its list started")
+    list_start = str(data["list_start"])
+    try:
+        if data.get("mode") == "windowed":
+            windows = tuple(
+                WindowState(Window.from_dict(item), str(key), item.get("token"),
+                            bool(item.get("done")), int(item.get("depth", 1)))
+                for key, item in (data.get("windows") or {}).items())
+            return WindowedCheckpoint(str(data.get("prefix") or ""), tuple(data.get("sets") or ()),
+                                      data.get("since"), data.get("until"), list_start,
+                                      granularity, windows)
+        args = data.get("args") or {}
+        if not data.get("token"):
+            raise ValueError("checkpoint holds no resumption token")
+        return ListCheckpoint(str(data["token"]), data.get("set"),
+                              str(args.get("metadataPrefix") or ""), data.get("since"),
+                              data.get("until"), list_start, int(data.get("pages") or 0),
+                              int(data.get("records") or 0))
+    except (AttributeError, KeyError, TypeError) as exc:
+        raise ValueError(f"checkpoint cannot be read ({exc!r})") from exc
+
+
+# -- the plan ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one harvest asks for. `since`/`until` are the `from`/`until` sent (in the
+    server's granularity); `windows` is set for a parallel harvest, `resume` for a
+    sequential one that continues a list; `notes` are warnings to log."""
+
+    mode: str  # incremental | full | oai_ids | resumed
+    granularity: Granularity
+    sets: tuple[str, ...]
+    covers_sets: bool
+    list_start: datetime  # the server's clock before this run's first list request
+    checkpoint_start: str  # the list start its checkpoints keep (an earlier one on resume)
+    since: str | None = None
+    until: str | None = None
+    oai_ids: tuple[str, ...] = ()
+    windows: tuple[WindowState, ...] | None = None
+    window_range: tuple[datetime, datetime] | None = None
+    resume: ListCheckpoint | None = None
+    resumed_list_start: datetime | None = None
+    notes: tuple[tuple[str, str], ...] = ()  # (logger method, message)
+
+    @property
+    def windowed(self) -> bool:
+        return self.windows is not None
+
+
+def make_plan(
+    h: Harvester, run: RunOptions, ident: Identify, checkpoint: Any = None
+) -> Plan:
+    """Decide the harvest of `h` for `run` against a server that answered Identify with
+    `ident`, resuming the saved `checkpoint` (its JSON) when it still applies."""
+    validate(h, run)
+    gran = ident.granularity
+    since_dt, until_dt = run.since_dt(), run.until_dt()
+    if since_dt is not None and run.overlap:
+        since_dt = incremental.request_from(since_dt, gran, h.overlap)
+    sets = tuple(dict.fromkeys(run.set_specs(h)))
+    base: dict[str, Any] = {
+        "granularity": gran, "sets": sets, "covers_sets": covers_sets(h, run),
+        "list_start": ident.response_date, "checkpoint_start": ident.response_date.isoformat(),
+        "since": format_datestamp(since_dt, gran) if since_dt else None,
+        "until": format_datestamp(until_dt, gran) if until_dt else None,
+    }
+    if run.oai_ids:
+        return Plan(mode="oai_ids", oai_ids=tuple(run.oai_ids), **base)
+    mode = "full" if since_dt is None else "incremental"
+    notes: list[tuple[str, str]] = []
+    saved = _read_checkpoint(checkpoint, gran, notes) if run.resume else None
+    start = since_dt or ident.earliest_datestamp
+    if h.max_parallel > 1 and start is not None:
+        end = until_dt or ident.response_date
+        windows = _resumed_windows(saved, h, base)
+        if windows is not None:
+            assert isinstance(saved, WindowedCheckpoint)
+            return Plan(mode="resumed", windows=windows, window_range=(start, end),
+                        resumed_list_start=_when(saved.list_start), notes=tuple(notes),
+                        **{**base, "checkpoint_start": saved.list_start})
+        fresh = []
+        for spec in sets or (None,):
+            w = Window(spec, start, end, open_start=since_dt is None, open_end=until_dt is None)
+            fresh.append(WindowState(w, w.key(gran)))
+        return Plan(mode=mode, windows=tuple(fresh), window_range=(start, end),
+                    notes=tuple(notes), **base)
+    if h.max_parallel > 1:
+        notes.append(("info", "the server gives no earliestDatestamp: harvesting sequentially"))
+    resume = _resumed_list(saved, h, base)
+    if resume is not None:
+        return Plan(mode="resumed", resume=resume, resumed_list_start=_when(resume.list_start),
+                    notes=tuple(notes), **{**base, "checkpoint_start": resume.list_start})
+    return Plan(mode=mode, notes=tuple(notes), **base)
+
+
+def _read_checkpoint(
+    data: Any, gran: Granularity, notes: list[tuple[str, str]]
+) -> Checkpoint | None:
+    if not data:
+        return None
+    try:
+        return checkpoint_from_json(data, gran)
+    except ValueError as exc:
+        notes.append(("warning", f"the interrupted harvest's {exc}: starting the list "
+                      "again instead of resuming it"))
+        return None
+
+
+def _when(text: str) -> datetime | None:
+    try:
+        return parse_user_datetime(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def _resumed_windows(
+    saved: Checkpoint | None, h: Harvester, base: dict[str, Any]
+) -> tuple[WindowState, ...] | None:
+    """The saved windows, when the checkpoint is of this same windowed harvest."""
+    if not isinstance(saved, WindowedCheckpoint):
+        return None
+    same = (saved.metadata_prefix == h.metadata_prefix and list(saved.sets) == list(base["sets"])
+            and saved.since == base["since"] and saved.until == base["until"])
+    return saved.windows if same else None
+
+
+def _resumed_list(
+    saved: Checkpoint | None, h: Harvester, base: dict[str, Any]
+) -> ListCheckpoint | None:
+    """The saved list position, when the checkpoint belongs to this same list."""
+    if not isinstance(saved, ListCheckpoint):
+        return None
+    sets = base["sets"]
+    same = (saved.since == base["since"] and saved.until == base["until"]
+            and saved.metadata_prefix == h.metadata_prefix
+            and (saved.set_spec in sets if sets else not saved.set_spec))
+    return saved if same else None
