@@ -14,6 +14,7 @@ face; the modules whose names start with ``_`` are private:
 
 from ._options import DEFAULT_USER_AGENT, ClientOptions, LoggerLike
 from ._transport import redact_url
+from ._xml import hardened_parser
 from .client import OAIClient
 from .datestamps import Granularity, format_datestamp, parse_datestamp, parse_user_datetime
 from .errors import (
@@ -74,6 +75,7 @@ __all__ = [
     "ResumptionToken",
     "OAITransportError",
     "format_datestamp",
+    "hardened_parser",
     "parse_datestamp",
     "parse_user_datetime",
     "redact_url",

@@ -234,7 +234,7 @@ def guard(http: httpx.Client) -> bool:
     for transport in [http._transport, *http._mounts.values()]:  # noqa: SLF001
         pool = getattr(transport, "_pool", None)
         backend = getattr(pool, "_network_backend", None)
-        if isinstance(backend, httpcore.NetworkBackend):
+        if pool is not None and isinstance(backend, httpcore.NetworkBackend):
             if not isinstance(backend, GuardedBackend):
                 pool._network_backend = GuardedBackend(backend)  # noqa: SLF001
             guarded = True

@@ -22,11 +22,11 @@ from typing import Any, TypeVar
 
 import httpx
 
+from ._charset import apply_http_charset
 from ._deadline import CancelScope, DeadlineExceeded, Request, current_scope, guard, track
 from ._options import ClientOptions, LoggerLike
 from .errors import Cancelled, OAIDataError, OAIError, OAIHTTPStatusError, OAITransportError
 from .models import ClientStats
-from .parse import apply_http_charset
 
 __all__ = ["Transport", "parse_retry_after", "redact_url"]
 

@@ -295,7 +295,7 @@ class OAIClient:
         """
         verb = "ListIdentifiers" if identifiers_only else "ListRecords"
         from_text, until_text = self._format_time(from_), self._format_time(until)
-        specs = list(dict.fromkeys(sets)) or [None]
+        specs: list[str | None] = [*dict.fromkeys(sets)] or [None]
         seen: set[str] | None = set() if len(specs) > 1 else None
         for spec in specs:
             for page in self.iter_pages(

@@ -96,10 +96,6 @@ class Page:
     duplicates_dropped: int = 0
 
     @property
-    def headers(self) -> list[Header]:
-        return [r.header for r in self.records]
-
-    @property
     def token(self) -> str | None:
         """The token to ask for the next page, or None when this is the last page."""
         rt = self.resumption_token
@@ -153,13 +149,3 @@ class ClientStats:
         with self._lock:
             for name, value in counts.items():
                 setattr(self, name, getattr(self, name) + value)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "requests": self.requests,
-            "retries": self.retries,
-            "bytes_received": self.bytes_received,
-            "pages": self.pages,
-            "stripped_chars": self.stripped_chars,
-            "skipped_headers": self.skipped_headers,
-        }

@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from oaipmh_dagster.oai import ClientOptions, OAIClient, OAIDataError, OAIProtocolError
-from oaipmh_dagster.oai.parse import apply_http_charset, parse_record_list, read_envelope
+from oaipmh_dagster.oai._charset import apply_http_charset
+from oaipmh_dagster.oai.parse import parse_record_list, read_envelope
 
 from .helpers import OAI_HEAD, RESPONSE_DATE, SleepRecorder, list_records_xml, record_xml
 

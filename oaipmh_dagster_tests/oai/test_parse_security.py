@@ -10,13 +10,8 @@ import pytest
 from lxml import etree
 
 from oaipmh_dagster.oai import ClientOptions, OAIClient, OAIDataError
-from oaipmh_dagster.oai.parse import (
-    _parser,
-    parse_record_list,
-    parse_xml,
-    read_envelope,
-    strip_illegal_chars,
-)
+from oaipmh_dagster.oai._xml import hardened_parser, parse_xml, strip_illegal_chars
+from oaipmh_dagster.oai.parse import parse_record_list, read_envelope
 
 from .conftest import send
 from .helpers import SleepRecorder, list_records_xml, record_xml
@@ -108,13 +103,13 @@ def test_hardened_parser_alone_never_expands(tmp_path: Path, network_trap):
     secret = tmp_path / "secret.txt"
     secret.write_text(SECRET)
     xxe = f'<!DOCTYPE r [<!ENTITY x SYSTEM "file://{secret}"><!ENTITY y SYSTEM "{network_trap.url}">]><r>&x;&y;</r>'
-    root = etree.fromstring(xxe.encode(), _parser())
+    root = etree.fromstring(xxe.encode(), hardened_parser())
     assert SECRET not in etree.tostring(root, encoding="unicode")
     assert network_trap.requests == []
     laughs = f"<!DOCTYPE r [{_billion_laughs()}]><r>&x;</r>".encode()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     try:
-        root = etree.fromstring(laughs, _parser())
+        root = etree.fromstring(laughs, hardened_parser())
     except etree.XMLSyntaxError:
         pass
     else:
