@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import importlib
 import re
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from lxml import etree
+
+from oaipmh_dagster.oai import hardened_parser
 
 from . import datacite, marc21, oai_dc, xml
 from ._util import TransformError, element_path
@@ -154,22 +155,6 @@ def get_transformer(name: str) -> Transformer:
     return fn
 
 
-class _ParserLocal(threading.local):
-    def __init__(self) -> None:
-        # lxml parsers must not be shared between threads: one per thread.
-        self.parser = etree.XMLParser(
-            resolve_entities=False,
-            no_network=True,
-            load_dtd=False,
-            dtd_validation=False,
-            huge_tree=False,
-            collect_ids=False,
-        )
-
-
-_local = _ParserLocal()
-
-
 def parse_metadata(metadata_xml: bytes | str) -> etree._Element:
     """Parse metadata XML with the hardened parser; :class:`TransformError` when broken.
 
@@ -178,7 +163,7 @@ def parse_metadata(metadata_xml: bytes | str) -> etree._Element:
     """
     data = metadata_xml.encode("utf-8") if isinstance(metadata_xml, str) else metadata_xml
     try:
-        root = etree.fromstring(data, _local.parser)
+        root = etree.fromstring(data, hardened_parser())
     except etree.XMLSyntaxError as exc:
         line, column = exc.position if exc.position else (0, 0)
         message = _POSITION_SUFFIX.sub("", exc.msg or str(exc)) or "not well-formed XML"
