@@ -65,7 +65,7 @@ from oaipmh_dagster_tests.reliability.convergence import (
 LOCATION = "oaipmh_dagster"
 HID = "conv"
 SEEDS = range(8)
-ROUNDS = 6
+ROUNDS = 5
 SOAK_SEEDS = range(100, 124)
 SOAK_ROUNDS = 20
 PAGE_SIZES = (5, 9, 16)
