@@ -4,6 +4,7 @@ No Dagster and no database in here: httpx and lxml only. ``__all__`` is the publ
 face; the modules whose names start with ``_`` are private:
 
 * ``client``: :class:`OAIClient`, the facade for the six verbs;
+* ``_options``: :class:`ClientOptions` and the User-Agent;
 * ``_transport``: HTTP (per-host limits and pacing, redirects, retries, gzip, size);
 * ``_deadline``: request deadlines and cancellation;
 * ``_paging``: resumptionToken chains (loops, restart, prefetch);

@@ -1,6 +1,7 @@
 """Exceptions of the OAI-PMH client.
 
-Three families under :class:`OAIError`, so a caller can tell them apart:
+Three families under :class:`OAIError` (itself under the package root
+:class:`~oaipmh_dagster.errors.OAIPMHDagsterError`), so a caller can tell them apart:
 
 * :class:`OAIProtocolError`: the server answered with an OAI-PMH ``<error>``;
   one subclass per error code, looked up by the code's name.
