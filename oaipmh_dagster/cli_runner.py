@@ -113,10 +113,9 @@ def run_harvest_job(
         )
     if not result.success:
         failures = [
-            ev.event_specific_data.error
-            for ev in result.all_events
-            if ev.is_step_failure and ev.event_specific_data is not None
-            and getattr(ev.event_specific_data, "error", None) is not None
+            error for ev in result.all_events
+            if ev.is_step_failure
+            and (error := getattr(ev.event_specific_data, "error", None)) is not None
         ]
         if any(_interrupted(error) for error in failures):
             return False, (f"run {result.run_id} interrupted: the harvest stopped; the pages "

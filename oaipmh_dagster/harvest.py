@@ -1,4 +1,5 @@
-"""One harvest of one harvester: since -> pages -> store -> statistics.
+"""One harvest of one harvester: the page loop that executes a `plan.Plan` (lease ->
+Identify -> plan -> pages -> rows written with their checkpoint -> statistics).
 
 No Dagster in here: the Dagster op, the CLI (through the job) and the benchmarks all
 call `harvest()`.
@@ -37,7 +38,8 @@ from oaipmh_dagster.plan import (
     validate,
 )
 from oaipmh_dagster.registry import Harvester
-from oaipmh_dagster.store import Counts, Store, Transform
+from oaipmh_dagster.rows import Counts, Transform, write_page
+from oaipmh_dagster.store import Store
 from oaipmh_dagster.transform import get_transformer, transform_element, transform_record
 from oaipmh_dagster.windows import WindowState
 
@@ -373,10 +375,9 @@ def _store_pages(
     """The page loop: store each page with its checkpoint, count, log and report it."""
     logged = 0.0
     for page, cp in pages:
-        counts = store.upsert_page(h.id, page.records, run_id=run_id, transform=transform,
-                                   checkpoint=None if cp is None else cp.to_json(),
-                                   metadata_prefix=h.metadata_prefix,
-                                   transformer=h.transformer)
+        counts = write_page(store, h.id, page.records, run_id=run_id, transform=transform,
+                            checkpoint=None if cp is None else cp.to_json(),
+                            metadata_prefix=h.metadata_prefix, transformer=h.transformer)
         stats.counts.add(counts)
         stats.pages += 1
         rt = page.resumption_token

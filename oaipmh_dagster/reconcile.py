@@ -17,7 +17,7 @@ older than the since. Listing every identifier of the harvester's selection
   or outside the harvester's sets: a tombstone whose error says "not listed by the
   server"; a deleted record: its tombstone; still there: stored again and counted `kept`.
 
-No Dagster in here; `harvest.harvest(..., reconcile=True)` calls it after its lists.
+No Dagster in here; a harvest with `RunOptions(reconcile=True)` calls it after its lists.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Any
 from oaipmh_dagster.oai import CannotDisseminateFormat, IdDoesNotExist, OAIClient
 from oaipmh_dagster.oai.models import Record
 from oaipmh_dagster.registry import Harvester
+from oaipmh_dagster.rows import Transform, write_page
 from oaipmh_dagster.store import Store, utc_datestamp
 
 NOT_LISTED = "not listed by the server"
@@ -53,9 +54,6 @@ class ReconcileStats:
                 f"{self.stale_fetched} stale fetched, {self.tombstoned} tombstoned"
                 + (f", {self.kept} skipped by the list and kept" if self.kept else "")
                 + (f", {self.vanished} gone before they were fetched" if self.vanished else ""))
-
-
-Transform = Callable[[str, Any], dict[str, Any]]
 
 
 def in_selection(specs: Iterable[str], sets: Sequence[str]) -> bool:
@@ -125,9 +123,8 @@ def _writer(store: Store, h: Harvester, run_id: str, transform: Transform | None
             stats: ReconcileStats) -> Callable[[list[Record]], None]:
     def write(records: list[Record]) -> None:
         if records:
-            counts = store.upsert_page(h.id, records, run_id=run_id, transform=transform,
-                                       metadata_prefix=h.metadata_prefix,
-                                       transformer=h.transformer)
+            counts = write_page(store, h.id, records, run_id=run_id, transform=transform,
+                                metadata_prefix=h.metadata_prefix, transformer=h.transformer)
             stats.failed += counts.failed
     return write
 

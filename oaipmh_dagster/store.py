@@ -1,23 +1,17 @@
-"""The record store: one batch upsert per page, tombstones, errors, queries; and the
-per-harvester harvest state (a lease so two harvests never interleave, and the
-checkpoint of the last committed page: see `lease`).
-
-Records converge by content: each row keeps a hash of what was harvested (datestamp,
-deletion, sets, raw metadata, and the metadata prefix and transformer that produced the
-stored metadata), so a change that keeps its datestamp is still rewritten. One record's
-bad value costs only that record: the same column limits hold on every database."""
+"""The record store, persistence only: a page of rows written in one transaction with its
+checkpoint, tombstones, queries; and the per-harvester harvest state (a lease so two
+harvests never interleave, and the checkpoint of the last committed page: see `lease`).
+What a harvested record becomes (its row, content hash and transform) is `rows`."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
 import threading
 import types
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -31,7 +25,6 @@ from oaipmh_dagster.lease import (
     STALE_AFTER,
     HarvestInProgress,
     IsStale,
-    Lease,
     LeaseLost,
     Leases,
     LeaseWaitCancelled,
@@ -40,9 +33,9 @@ from oaipmh_dagster.lease import (
 )
 
 __all__ = [
-    "DATESTAMP_PLACEHOLDER", "IDENTIFIER_MAX", "STALE_AFTER", "HarvestInProgress",
-    "Counts", "LeaseLost", "LeaseWaitCancelled", "Store", "StoreError", "record_table",
-    "state_table", "utc_datestamp",
+    "DATESTAMP_MAX", "DATESTAMP_PLACEHOLDER", "IDENTIFIER_MAX", "STALE_AFTER",
+    "WRITE_COLUMNS", "HarvestInProgress", "LeaseLost", "LeaseWaitCancelled", "MetadataUpdate",
+    "PageWrite", "Store", "StoreError", "record_table", "state_table", "utc_datestamp",
 ]
 
 JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
@@ -51,7 +44,6 @@ IDENTIFIER_MAX = 1024  # characters of oai_identifier
 DATESTAMP_MAX = 32  # characters of datestamp
 # Stored for a datestamp that cannot be read: it sorts before every real datestamp.
 DATESTAMP_PLACEHOLDER = "0000-01-01T00:00:00Z"
-_SHOWN = 100  # characters of a bad value quoted in counts and errors
 
 record_table = sa.Table(
     "oaipmh_record",
@@ -71,61 +63,18 @@ record_table = sa.Table(
     sa.Column("content_hash", sa.String(32), nullable=True),
 )
 
-# The same table for the write path: JSON columns typed as text, because the store
+# The same table for the write path: JSON columns typed as text, because the writer
 # serializes them itself (caching the few distinct set lists), which halves the cost of
 # a page's upsert compared with per-value JSON processing.
-_JSON_COLUMNS = ("sets", "metadata", "errors")
+WRITE_COLUMNS = ("sets", "metadata", "errors")  # JSON columns written as JSON text
 _record_write = sa.Table(
     "oaipmh_record",
     sa.MetaData(),
-    *(sa.Column(c.name, sa.Text if c.name in _JSON_COLUMNS else c.type,
+    *(sa.Column(c.name, sa.Text if c.name in WRITE_COLUMNS else c.type,
                 primary_key=c.primary_key) for c in record_table.columns),
 )
 _UPDATED_COLUMNS = ("datestamp", "deleted", "sets", "raw_xml", "metadata", "errors",
                     "harvested_at", "run_id", "transformed_at", "content_hash")
-_NO_ERRORS = "[]"
-
-# (raw XML, the already parsed element or None) -> transformed dict
-Transform = Callable[[str, Any], dict[str, Any]]
-
-
-class HarvestRecord(Protocol):
-    """What the store needs of a harvested record (`oai.Record` fits)."""
-
-    header: Any
-    metadata: bytes | None
-
-
-@dataclass
-class Counts:
-    """What writes did to records: of a page, a re-transform or a whole harvest."""
-
-    new: int = 0
-    updated: int = 0
-    deleted: int = 0
-    unchanged: int = 0
-    failed: int = 0
-    failed_ids: list[str] = field(default_factory=list)  # the first 20
-
-    @property
-    def records(self) -> int:
-        """Records written or found unchanged."""
-        return self.new + self.updated + self.deleted + self.unchanged
-
-    def add(self, other: Counts) -> None:
-        """Accumulate `other` into this."""
-        self.new += other.new
-        self.updated += other.updated
-        self.deleted += other.deleted
-        self.unchanged += other.unchanged
-        self.failed += other.failed
-        self.failed_ids.extend(other.failed_ids[: max(0, 20 - len(self.failed_ids))])
-
-    def fail(self, identifier: str) -> None:
-        """Count one failed record and name it (the first 20)."""
-        self.failed += 1
-        if len(self.failed_ids) < 20:
-            self.failed_ids.append(identifier)
 
 
 def utc_datestamp(dt: datetime) -> str:
@@ -133,90 +82,77 @@ def utc_datestamp(dt: datetime) -> str:
     return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-_CANONICAL = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
-
-
-def _shown(value: str) -> str:
-    """A value short enough to quote in counts and messages."""
-    if len(value) <= _SHOWN:
-        return value
-    return f"{value[:_SHOWN]}... ({len(value)} characters)"
-
-
-def _store_datestamp(header: Any) -> tuple[str, list[dict[str, str]]]:
-    """The header's datestamp in the store's form (as sent when it already is), or the
-    placeholder and an error when it cannot be read."""
-    raw = header.datestamp or ""
-    if _CANONICAL.fullmatch(raw):
-        return raw, []
-    when = header.datestamp_utc
-    if when is not None:
-        value = utc_datestamp(when)
-        if len(value) <= DATESTAMP_MAX:
-            return value, []
-    return DATESTAMP_PLACEHOLDER, [{
-        "type": "datestamp",
-        "message": f"unreadable datestamp {_shown(raw)!r}; stored as {DATESTAMP_PLACEHOLDER}",
-        "location": "header",
-    }]
-
-
-def _parse_error(rec: Any) -> list[dict[str, Any]]:
-    """The error the page parse attached to a record whose metadata it could not read."""
-    error = getattr(rec, "parse_error", None)
-    if error is None:
-        return []
-    if isinstance(error, dict):
-        return [error]
-    to_dict = getattr(error, "to_dict", None)
-    if callable(to_dict):
-        return [to_dict()]
-    kind = type(error).__name__ if isinstance(error, BaseException) else "metadata"
-    return [{"type": kind, "message": str(error), "location": "metadata"}]
-
-
-def _content_hash(produced: bytes, datestamp: str, deleted: bool, sets: bytes,
-                  metadata: bytes | None) -> str:
-    """What a record's stored row was made from, in 32 hex digits."""
-    h = hashlib.blake2b(produced, digest_size=16)
-    h.update(b"\x1fD" if deleted else b"\x1fL")
-    h.update(datestamp.encode())
-    h.update(b"\x1f")
-    h.update(sets)
-    if metadata is not None:
-        h.update(b"\x1f")
-        h.update(metadata)
-    return h.hexdigest()
-
-
-_MISSING = object()  # no stored row
-
-
 def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _aware(value: datetime | None) -> datetime | None:
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value
+def _aware(value: datetime) -> datetime:
+    """A datetime read back from the database, in UTC (SQLite returns it naive)."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
-def _apply_transform(
-    transform: Transform | None, raw: str | None, element: Any = None
-) -> tuple[Any, list[dict]]:
-    if transform is None or raw is None:
-        return None, []
-    try:
-        return transform(raw, element), []
-    except Exception as exc:  # noqa: BLE001 - a bad record must not stop the run
-        to_dict = getattr(exc, "to_dict", None)
-        error = to_dict() if callable(to_dict) else {
-            "type": type(exc).__name__,
-            "message": str(exc),
-            "location": "transform",
-        }
-        return None, [error]
+@dataclass(frozen=True)
+class MetadataUpdate:
+    """New metadata (or the errors of a failed transform) of one stored record."""
+
+    identifier: str
+    metadata: Any
+    errors: list[dict[str, Any]]
+    transformed_at: datetime
+
+
+class PageWrite:
+    """The record writes of one transaction (`Store.page`): values are stored as given."""
+
+    def __init__(self, conn: sa.Connection, harvester_id: str, upsert: Any,
+                 existing: Any) -> None:
+        self.conn = conn
+        self.harvester_id = harvester_id
+        self._upsert = upsert
+        self._existing = existing
+
+    def hashes(self, identifiers: Sequence[str]) -> dict[str, str | None]:
+        """identifier -> stored content hash, for those of `identifiers` that are stored."""
+        if not identifiers:
+            return {}
+        found = self.conn.execute(self._existing, {"h": self.harvester_id,
+                                                   "ids": list(identifiers)})
+        return {identifier: digest for identifier, digest in found}
+
+    def upsert(self, rows: Sequence[dict[str, Any]]) -> None:
+        """Insert or replace whole rows (JSON columns already serialized as text: see
+        `WRITE_COLUMNS`)."""
+        if rows:
+            self.conn.execute(self._upsert, list(rows))
+
+    def live_raw(self, after: str, limit: int) -> list[tuple[str, str | None]]:
+        """(identifier, raw XML) of up to `limit` live records after `after`, in order."""
+        c = record_table.c
+        rows = self.conn.execute(
+            sa.select(c.oai_identifier, c.raw_xml)
+            .where(c.harvester_id == self.harvester_id, c.deleted.is_(False),
+                   c.oai_identifier > after)
+            .order_by(c.oai_identifier)
+            .limit(limit)
+        ).all()
+        return [(r[0], r[1]) for r in rows]
+
+    def set_metadata(self, updates: Sequence[MetadataUpdate]) -> None:
+        """Replace the metadata of stored records; a failed one (errors) loses its content
+        hash, so the next harvest writes it again."""
+        if not updates:
+            return
+        c = record_table.c
+        self.conn.execute(
+            record_table.update()
+            .where(c.harvester_id == sa.bindparam("h"), c.oai_identifier == sa.bindparam("i"))
+            .values(metadata=sa.bindparam("m"), errors=sa.bindparam("e"),
+                    transformed_at=sa.bindparam("t"),
+                    content_hash=sa.case((sa.bindparam("ok", type_=sa.Boolean),
+                                          c.content_hash), else_=sa.null())),
+            [{"h": self.harvester_id, "i": u.identifier, "m": u.metadata, "e": u.errors,
+              "t": u.transformed_at, "ok": not u.errors} for u in updates],
+        )
 
 
 class Store:
@@ -243,172 +179,39 @@ class Store:
             w.harvester_id == sa.bindparam("h"),
             w.oai_identifier.in_(sa.bindparam("ids", expanding=True)),
         )
-        self._sets_json: dict[tuple[str, ...], tuple[str, bytes]] = {}
 
     # -- writes ---------------------------------------------------------------------
 
-    def upsert_page(
-        self,
-        harvester_id: str,
-        records: Sequence[HarvestRecord],
-        *,
-        run_id: str | None,
-        transform: Transform | None = None,
-        checkpoint: dict[str, Any] | None = None,
-        metadata_prefix: str = "",
-        transformer: str = "",
-    ) -> Counts:
-        """Write one page in one transaction: new and changed records are transformed and
-        upserted, records whose content hash is unchanged are left alone; `checkpoint` is
-        saved in the same commit. `metadata_prefix` and `transformer` name what produced
-        the page's metadata (a change of either rewrites every record). While this store
-        holds `run_id`'s lease the write is fenced: `LeaseLost` when another run took it
-        over, and nothing is written."""
-        counts = Counts()
-        latest: dict[str, HarvestRecord] = {}
-        for rec in records:
-            identifier = rec.header.identifier
-            if len(identifier) > IDENTIFIER_MAX:  # enforced here on every database
-                counts.fail(_shown(identifier))
-                continue
-            latest[identifier] = rec  # a page may repeat an identifier
-        produced = f"{metadata_prefix}\x1f{transformer if transform else ''}".encode()
+    @contextmanager
+    def page(
+        self, harvester_id: str, run_id: str | None, checkpoint: dict[str, Any] | None = None,
+    ) -> Iterator[PageWrite]:
+        """One transaction of record writes, committed with `checkpoint` (None keeps the
+        saved one). While this store holds `run_id`'s lease the transaction is fenced:
+        `LeaseLost` when another run took it over, and nothing is written."""
         lease = self.leases.held(harvester_id, run_id)
-        now = _now()
         with self.engine.begin() as conn:
             if lease is not None:
                 self.leases.fence(conn, lease, KEEP if checkpoint is None else checkpoint)
             elif checkpoint is not None:
                 self.leases.save_checkpoint_in(conn, harvester_id, run_id, checkpoint)
-            existing = {}
-            if latest:
-                found = conn.execute(self._existing, {"h": harvester_id, "ids": list(latest)})
-                existing = {identifier: digest for identifier, digest in found}
-            values = [
-                v for identifier, rec in latest.items()
-                if (v := self._row(harvester_id, identifier, rec, existing, produced,
-                                   transform, run_id, now, counts)) is not None
-            ]
-            if values:
-                conn.execute(self._upsert, values)
-        return counts
+            yield PageWrite(conn, harvester_id, self._upsert, self._existing)
 
-    def _sets(self, specs: tuple[str, ...]) -> tuple[str, bytes]:
-        """A set list as stored JSON and as hashed bytes (cached: few distinct lists)."""
-        cached = self._sets_json.get(specs)
-        if cached is None:
-            cached = self._sets_json[specs] = (json.dumps(list(specs)),
-                                               "\x1f".join(specs).encode())
-        return cached
-
-    def _row(
-        self, harvester_id: str, identifier: str, rec: HarvestRecord, existing: dict,
-        produced: bytes, transform: Transform | None, run_id: str | None, now: datetime,
-        counts: Counts,
-    ) -> dict[str, Any] | None:
-        """The row to upsert for one record (None when its content is unchanged)."""
-        header = rec.header
-        deleted = header.deleted
-        datestamp, errors = _store_datestamp(header)
-        sets_json, sets_key = self._sets(tuple(header.set_specs))
-        metadata = None if deleted else rec.metadata
-        digest = _content_hash(produced, datestamp, deleted, sets_key, metadata)
-        old = existing.get(identifier, _MISSING)
-        if old == digest:
-            counts.unchanged += 1
-            return None
-        raw = meta = transformed_at = None
-        if deleted:
-            counts.deleted += 1
-            errors = []
-        else:
-            if old is _MISSING:
-                counts.new += 1
-            else:
-                counts.updated += 1
-            raw = metadata.decode("utf-8") if metadata is not None else None
-            parsed = _parse_error(rec)
-            if parsed:
-                errors = errors + parsed
-            else:
-                meta, failed = _apply_transform(transform, raw, getattr(rec, "element", None))
-                if transform is not None and raw:
-                    transformed_at = now
-                if failed:
-                    errors = errors + failed
-                    digest = None  # a failed transform is tried again next time
-            if errors:
-                counts.fail(identifier)
-        return {
-            "harvester_id": harvester_id,
-            "oai_identifier": identifier,
-            "datestamp": datestamp,
-            "deleted": deleted,
-            "sets": sets_json,
-            "raw_xml": raw,
-            "metadata": None if meta is None else json.dumps(meta, ensure_ascii=False),
-            "errors": json.dumps(errors) if errors else _NO_ERRORS,
-            "harvested_at": now,
-            "run_id": run_id,
-            "transformed_at": transformed_at,
-            "content_hash": digest,
-        }
-
-    def retransform(
-        self, harvester_id: str, transform: Transform, *, run_id: str, batch: int = 500,
-        is_stale: IsStale | None = None, wait: bool = True,
-        wait_limit: float | None | types.EllipsisType = ...,
+    @contextmanager
+    def holding(
+        self, harvester_id: str, run_id: str, *, is_stale: IsStale | None = None,
+        wait: bool = True, wait_limit: float | None | types.EllipsisType = ...,
         cancel: threading.Event | None = None, logger: Any = None,
-    ) -> Counts:
-        """Transform every stored live record of a harvester again from its raw XML, under
-        the harvester's lease (taken as `acquire` does, released at the end; the harvest
-        state's status and checkpoint stay as they were)."""
+    ) -> Iterator[None]:
+        """Hold the harvester's lease (taken as `acquire` does) for a rewrite of stored
+        records; the harvest state's status and checkpoint stay as they were."""
         lease, _ = self.leases.acquire(harvester_id, run_id, is_stale=is_stale, wait=wait,
                                        wait_limit=wait_limit, cancel=cancel, logger=logger)
         try:
-            return self._retransform(lease, transform, batch)
+            yield
         finally:
             self.leases.release(harvester_id, run_id, status=lease.previous_status or "idle",
                                 clear_checkpoint=False)
-
-    def _retransform(self, lease: Lease, transform: Transform, batch: int) -> Counts:
-        counts = Counts()
-        c = record_table.c
-        last = ""
-        while True:
-            with self.engine.begin() as conn:
-                self.leases.fence(conn, lease)
-                rows = conn.execute(
-                    sa.select(c.oai_identifier, c.raw_xml)
-                    .where(c.harvester_id == lease.harvester_id, c.deleted.is_(False),
-                           c.oai_identifier > last)
-                    .order_by(c.oai_identifier)
-                    .limit(batch)
-                ).all()
-                if not rows:
-                    return counts
-                now = _now()
-                updates = []
-                for identifier, raw in rows:
-                    meta, errors = _apply_transform(transform, raw)
-                    if errors:
-                        counts.fail(identifier)
-                    else:
-                        counts.updated += 1
-                    updates.append({"h": lease.harvester_id, "i": identifier, "m": meta,
-                                    "e": errors, "t": now, "ok": not errors})
-                conn.execute(
-                    record_table.update()
-                    .where(c.harvester_id == sa.bindparam("h"),
-                           c.oai_identifier == sa.bindparam("i"))
-                    .values(metadata=sa.bindparam("m"), errors=sa.bindparam("e"),
-                            transformed_at=sa.bindparam("t"),
-                            # a failure is tried again by the next harvest
-                            content_hash=sa.case((sa.bindparam("ok", type_=sa.Boolean),
-                                                  c.content_hash), else_=sa.null())),
-                    updates,
-                )
-                last = rows[-1][0]
 
     def delete_harvester_records(self, harvester_id: str) -> int:
         """Remove every record and the state of a harvester; returns the record count."""

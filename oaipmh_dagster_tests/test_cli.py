@@ -17,6 +17,7 @@ from oaipmh_dagster import cli, db
 from oaipmh_dagster.demo.dataset import make_dataset
 from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.registry import Harvester, Registry
+from oaipmh_dagster.rows import write_page
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.test_registry import JSON_KEYS
 from oaipmh_dagster_tests.test_store import rec, title_of
@@ -270,7 +271,7 @@ def test_remove_yes(run, database_url: str) -> None:
     add(run, "demo")
     add(run, "keep")
     store = Store(db.get_engine())
-    store.upsert_page("demo", [rec("a")], run_id="r")
+    write_page(store, "demo", [rec("a")], run_id="r")
     r = run("harvester", "remove", "demo", "--yes")
     assert r.code == 0 and "removed harvester demo" in r.out
     assert [h["id"] for h in registered()] == ["keep"]
@@ -343,7 +344,7 @@ def test_usage_errors(run, database_url: str) -> None:
 def test_records_json(run, database_url: str) -> None:
     add(run, "demo")
     store = Store(db.get_engine())
-    store.upsert_page("demo", [rec("oai:x:1", "2024-01-02T04:04:05+01:00", sets=("s1", "s2")),
+    write_page(store, "demo", [rec("oai:x:1", "2024-01-02T04:04:05+01:00", sets=("s1", "s2")),
                                rec("oai:x:2", deleted=True),
                                rec("oai:x:3")],
                       run_id="r1", transform=lambda raw, el: (

@@ -24,6 +24,7 @@ from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.export import FORMATS, export
 from oaipmh_dagster.flat import flatten
 from oaipmh_dagster.registry import Harvester, Registry
+from oaipmh_dagster.rows import write_page
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.test_store import rec, title_of
 
@@ -46,9 +47,9 @@ def _fail_on_c(raw: str, element: object = None) -> dict:
 def stored(database_url: str) -> Store:
     """Harvester `h` with two live records, one tombstone and one failed record."""
     store = Store(db.get_engine(database_url))
-    store.upsert_page("h", [rec("a", sets=("s1", "s2")), rec("b"), rec("c"),
+    write_page(store, "h", [rec("a", sets=("s1", "s2")), rec("b"), rec("c"),
                             rec("d", deleted=True)], run_id="r1", transform=_fail_on_c)
-    store.upsert_page("other", [rec("z")], run_id="r1", transform=title_of)
+    write_page(store, "other", [rec("z")], run_id="r1", transform=title_of)
     return store
 
 
@@ -401,7 +402,7 @@ def many(database_url: str) -> Store:
         return {"title": "".join(hashlib.sha256(f"{raw}{k}".encode()).hexdigest()
                                  for k in range(4))}  # does not compress away
 
-    store.upsert_page("big", [rec(f"oai:big:{i:04d}") for i in range(2000)], run_id="r1",
+    write_page(store, "big", [rec(f"oai:big:{i:04d}") for i in range(2000)], run_id="r1",
                       transform=noise)
     return store
 

@@ -18,6 +18,7 @@ from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.harvest import Progress, harvest
 from oaipmh_dagster.oai import ClientOptions
 from oaipmh_dagster.registry import Harvester
+from oaipmh_dagster.rows import retransform, write_page
 from oaipmh_dagster.store import (
     STALE_AFTER,
     HarvestInProgress,
@@ -94,13 +95,13 @@ def test_heartbeat_runs_between_pages_and_stops_on_release(database_url: str) ->
 
 def test_a_run_that_lost_its_lease_writes_nothing(store: Store) -> None:
     store.acquire("h", "run1")
-    store.upsert_page("h", [rec("a")], run_id="run1", checkpoint={"token": "t1"})
+    write_page(store, "h", [rec("a")], run_id="run1", checkpoint={"token": "t1"})
     other = Store(store.engine)
     other.acquire("h", "run2", is_stale=lambda run: run == "run1")
-    other.upsert_page("h", [rec("a", title="newer")], run_id="run2", transform=title_of,
+    write_page(other, "h", [rec("a", title="newer")], run_id="run2", transform=title_of,
                       checkpoint={"token": "t2"})
     with pytest.raises(LeaseLost, match="run2"):
-        store.upsert_page("h", [rec("a", title="older"), rec("b")], run_id="run1",
+        write_page(store, "h", [rec("a", title="older"), rec("b")], run_id="run1",
                           transform=title_of, checkpoint={"token": "zombie"})
     with pytest.raises(LeaseLost):
         store.save_checkpoint("h", "run1", {"token": "zombie"})
@@ -113,8 +114,8 @@ def test_a_run_that_lost_its_lease_writes_nothing(store: Store) -> None:
 
 def test_a_page_without_a_checkpoint_keeps_the_last_one(store: Store) -> None:
     store.acquire("h", "run1")
-    store.upsert_page("h", [rec("a")], run_id="run1", checkpoint={"token": "t1"})
-    store.upsert_page("h", [rec("b")], run_id="run1")  # e.g. the last page of a list
+    write_page(store, "h", [rec("a")], run_id="run1", checkpoint={"token": "t1"})
+    write_page(store, "h", [rec("b")], run_id="run1")  # e.g. the last page of a list
     assert store.state("h")["checkpoint"] == {"token": "t1"}
     store.save_checkpoint("h", "run1", None)
     assert store.state("h")["checkpoint"] is None
@@ -240,14 +241,14 @@ def test_second_harvest_waits_and_then_runs(database_url: str) -> None:
 
 
 def test_retransform_takes_and_releases_the_lease(store: Store) -> None:
-    store.upsert_page("h", [rec("a"), rec("b")], run_id="r0")
+    write_page(store, "h", [rec("a"), rec("b")], run_id="r0")
     store.acquire("h", "run1")
     with pytest.raises(HarvestInProgress, match="run1"):
-        store.retransform("h", title_of, run_id="run2", wait=False)
+        retransform(store, "h", title_of, run_id="run2", wait=False)
     assert rows(store)["a"]["metadata"] is None
     store.save_checkpoint("h", "run1", {"token": "keep"})
     store.release("h", "run1", succeeded=False)
-    c = store.retransform("h", title_of, run_id="run2", wait=False)
+    c = retransform(store, "h", title_of, run_id="run2", wait=False)
     assert c.updated == 2 and rows(store)["a"]["metadata"] == {"title": "a"}
     state = store.state("h")
     # The harvest's status and checkpoint stay for the next harvest to resume.

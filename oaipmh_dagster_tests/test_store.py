@@ -13,9 +13,9 @@ import pytest
 import sqlalchemy as sa
 
 from oaipmh_dagster import db
+from oaipmh_dagster.rows import Counts, retransform, write_page
 from oaipmh_dagster.store import (
     STALE_AFTER,
-    Counts,
     HarvestInProgress,
     LeaseLost,
     Store,
@@ -89,10 +89,10 @@ def counts(c: Counts) -> tuple[int, int, int, int, int]:
 
 
 def test_upsert_counts(store: Store) -> None:
-    first = store.upsert_page("h", [rec("a"), rec("b"), rec("c", deleted=True)], run_id="r1",
+    first = write_page(store, "h", [rec("a"), rec("b"), rec("c", deleted=True)], run_id="r1",
                               transform=title_of)
     assert counts(first) == (2, 0, 1, 0, 0)
-    second = store.upsert_page(
+    second = write_page(store,
         "h",
         [rec("a"),                                    # same datestamp: unchanged
          rec("b", "2024-02-01T00:00:00Z", title="B2"),  # newer: updated
@@ -111,9 +111,9 @@ def test_upsert_counts(store: Store) -> None:
 
 
 def test_unchanged_records_are_not_rewritten(store: Store) -> None:
-    store.upsert_page("h", [rec("a"), rec("b")], run_id="old", transform=title_of)
+    write_page(store, "h", [rec("a"), rec("b")], run_id="old", transform=title_of)
     before = rows(store)
-    again = store.upsert_page("h", [rec("a"), rec("b", "2024-05-05T00:00:00Z")], run_id="new",
+    again = write_page(store, "h", [rec("a"), rec("b", "2024-05-05T00:00:00Z")], run_id="new",
                               transform=title_of)
     assert counts(again) == (0, 1, 0, 1, 0)
     after = rows(store)
@@ -123,22 +123,22 @@ def test_unchanged_records_are_not_rewritten(store: Store) -> None:
 
 
 def test_datestamps_are_normalized_to_utc(store: Store) -> None:
-    store.upsert_page("h", [rec("a", "2024-01-02T04:04:05+01:00"), rec("d", "2024-01-02")],
+    write_page(store, "h", [rec("a", "2024-01-02T04:04:05+01:00"), rec("d", "2024-01-02")],
                       run_id="r")
     stored = rows(store)
     assert stored["a"]["datestamp"] == "2024-01-02T03:04:05Z"
     assert stored["d"]["datestamp"] == "2024-01-02T00:00:00Z"
     # The same instant written differently is unchanged.
-    again = store.upsert_page("h", [rec("a", "2024-01-02T03:04:05Z")], run_id="r2")
+    again = write_page(store, "h", [rec("a", "2024-01-02T03:04:05Z")], run_id="r2")
     assert again.unchanged == 1
     assert utc_datestamp(datetime(2024, 1, 1, 1, tzinfo=UTC) + timedelta(seconds=1)) == (
         "2024-01-01T01:00:01Z")
 
 
 def test_deleted_header_becomes_tombstone(store: Store) -> None:
-    store.upsert_page("h", [rec("a", sets=("s1",))], run_id="r1", transform=title_of)
+    write_page(store, "h", [rec("a", sets=("s1",))], run_id="r1", transform=title_of)
     assert rows(store)["a"]["raw_xml"] is not None
-    c = store.upsert_page("h", [rec("a", "2024-06-01T00:00:00Z", deleted=True)], run_id="r2",
+    c = write_page(store, "h", [rec("a", "2024-06-01T00:00:00Z", deleted=True)], run_id="r2",
                           transform=title_of)
     assert counts(c) == (0, 0, 1, 0, 0)
     row = rows(store)["a"]
@@ -148,15 +148,15 @@ def test_deleted_header_becomes_tombstone(store: Store) -> None:
     item = next(store.iter_records("h"))
     assert item["deleted"] is True and item["metadata"] is None
     # Reappearing later makes it live again.
-    c = store.upsert_page("h", [rec("a", "2024-07-01T00:00:00Z", title="back")], run_id="r3",
+    c = write_page(store, "h", [rec("a", "2024-07-01T00:00:00Z", title="back")], run_id="r3",
                           transform=title_of)
     assert c.updated == 1
     assert rows(store)["a"]["metadata"] == {"title": "back"}
 
 
 def test_same_identifier_under_two_harvesters(store: Store) -> None:
-    store.upsert_page("one", [rec("oai:x:1", title="first")], run_id="r1", transform=title_of)
-    c = store.upsert_page("two", [rec("oai:x:1", title="second")], run_id="r2",
+    write_page(store, "one", [rec("oai:x:1", title="first")], run_id="r1", transform=title_of)
+    c = write_page(store, "two", [rec("oai:x:1", title="second")], run_id="r2",
                           transform=title_of)
     assert c.new == 1
     assert rows(store, "one")["oai:x:1"]["metadata"] == {"title": "first"}
@@ -167,7 +167,7 @@ def test_same_identifier_under_two_harvesters(store: Store) -> None:
 
 
 def test_transform_failure_is_stored(store: Store) -> None:
-    c = store.upsert_page("h", [rec("good"), rec("bad")], run_id="r1",
+    c = write_page(store, "h", [rec("good"), rec("bad")], run_id="r1",
                           transform=lambda raw, el: broken(raw) if ">bad<" in raw else title_of(raw))
     assert counts(c) == (2, 0, 0, 0, 1)
     assert c.failed_ids == ["bad"]
@@ -183,7 +183,7 @@ def test_transform_failure_is_stored(store: Store) -> None:
     assert store.counts("h")["failed"] == 1
     assert [i["oai_identifier"] for i in store.iter_records("h", errors_only=True)] == ["bad"]
     # The same datestamp again: an errored record is not 'unchanged', so it is rewritten.
-    again = store.upsert_page("h", [rec("good"), rec("bad")], run_id="r2", transform=title_of)
+    again = write_page(store, "h", [rec("good"), rec("bad")], run_id="r2", transform=title_of)
     assert counts(again) == (0, 1, 0, 1, 0)
     fixed = rows(store)["bad"]
     assert fixed["errors"] == [] and fixed["metadata"] == {"title": "bad"}
@@ -196,7 +196,7 @@ def test_transform_error_with_location(store: Store) -> None:
 
     record = rec("x")
     record.metadata = b"<oai_dc:dc xmlns:oai_dc='http://www.openarchives.org/OAI/2.0/oai_dc/'"
-    c = store.upsert_page("h", [record], run_id="r", transform=make_transform("oai_dc"))
+    c = write_page(store, "h", [record], run_id="r", transform=make_transform("oai_dc"))
     assert c.failed == 1
     error = rows(store)["x"]["errors"][0]
     assert set(error) >= {"type", "message", "location"}
@@ -204,17 +204,17 @@ def test_transform_error_with_location(store: Store) -> None:
 
 
 def test_retransform(store: Store) -> None:
-    store.upsert_page("h", [rec("a"), rec("b"), rec("c", deleted=True)], run_id="r",
+    write_page(store, "h", [rec("a"), rec("b"), rec("c", deleted=True)], run_id="r",
                       transform=broken)
     assert store.counts("h")["failed"] == 2
-    c = store.retransform("h", title_of, run_id="r2", batch=1)
+    c = retransform(store, "h", title_of, run_id="r2", batch=1)
     assert (c.updated, c.failed) == (2, 0)
     assert rows(store)["a"]["metadata"] == {"title": "a"}
     assert store.counts("h")["failed"] == 0
 
 
 def test_iter_records_shape(store: Store) -> None:
-    store.upsert_page("h", [rec(f"id{i:03d}", sets=("s",)) for i in range(25)], run_id="r",
+    write_page(store, "h", [rec(f"id{i:03d}", sets=("s",)) for i in range(25)], run_id="r",
                       transform=title_of)
     items = list(store.iter_records("h", batch=7, with_raw=True))
     assert [i["oai_identifier"] for i in items] == [f"id{i:03d}" for i in range(25)]
@@ -227,7 +227,7 @@ def test_iter_records_shape(store: Store) -> None:
 
 
 def test_empty_page(store: Store) -> None:
-    assert counts(store.upsert_page("h", [], run_id="r")) == (0, 0, 0, 0, 0)
+    assert counts(write_page(store, "h", [], run_id="r")) == (0, 0, 0, 0, 0)
 
 
 # -- lease and checkpoint ----------------------------------------------------------
@@ -295,23 +295,23 @@ def test_release_failure_keeps_checkpoint(store: Store) -> None:
 
 def test_checkpoint_saved_with_the_page(store: Store) -> None:
     store.acquire("h", "run1")
-    store.upsert_page("h", [rec("a")], run_id="run1", checkpoint={"token": "p2", "pages": 1})
+    write_page(store, "h", [rec("a")], run_id="run1", checkpoint={"token": "p2", "pages": 1})
     assert store.state("h")["checkpoint"] == {"token": "p2", "pages": 1}
     assert "a" in rows(store)
     # A checkpoint that cannot be written rolls the page back with it: one transaction.
     with pytest.raises((TypeError, ValueError, sa.exc.StatementError)):
-        store.upsert_page("h", [rec("b")], run_id="run1", checkpoint={"bad": object()})
+        write_page(store, "h", [rec("b")], run_id="run1", checkpoint={"bad": object()})
     assert "b" not in rows(store)
     assert store.state("h")["checkpoint"] == {"token": "p2", "pages": 1}
 
 
 def test_checkpoint_of_a_run_that_lost_its_lease_is_refused(store: Store) -> None:
     store.acquire("h", "run1")
-    store.upsert_page("h", [rec("a")], run_id="run1", checkpoint={"token": "old"})
+    write_page(store, "h", [rec("a")], run_id="run1", checkpoint={"token": "old"})
     store.acquire("h", "run2", is_stale=lambda run_id: True)  # run1 is taken over
     store.save_checkpoint("h", "run2", {"token": "new"})
     with pytest.raises(LeaseLost):
-        store.upsert_page("h", [rec("b")], run_id="run1", checkpoint={"token": "zombie"})
+        write_page(store, "h", [rec("b")], run_id="run1", checkpoint={"token": "zombie"})
     with pytest.raises(LeaseLost):
         store.save_checkpoint("h", "run1", {"token": "zombie"})
     assert "b" not in rows(store)

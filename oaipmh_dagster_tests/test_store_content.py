@@ -15,6 +15,7 @@ from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.harvest import harvest
 from oaipmh_dagster.oai import ClientOptions
 from oaipmh_dagster.registry import Harvester
+from oaipmh_dagster.rows import write_page
 from oaipmh_dagster.store import (
     DATESTAMP_PLACEHOLDER,
     IDENTIFIER_MAX,
@@ -36,22 +37,22 @@ def store(database_url: str) -> Store:
 
 
 def test_changed_content_with_the_same_datestamp_is_rewritten(store: Store) -> None:
-    store.upsert_page("h", [rec("a", title="v1"), rec("b")], run_id="r1", transform=title_of,
+    write_page(store, "h", [rec("a", title="v1"), rec("b")], run_id="r1", transform=title_of,
                       **DC)
-    second = store.upsert_page("h", [rec("a", title="v2"), rec("b")], run_id="r2",
+    second = write_page(store, "h", [rec("a", title="v2"), rec("b")], run_id="r2",
                                transform=title_of, **DC)
     assert counts(second) == (0, 1, 0, 1, 0)
     stored = rows(store)
     assert stored["a"]["metadata"] == {"title": "v2"} and stored["a"]["run_id"] == "r2"
     assert stored["b"]["run_id"] == "r1"
-    third = store.upsert_page("h", [rec("a", title="v2"), rec("b")], run_id="r3",
+    third = write_page(store, "h", [rec("a", title="v2"), rec("b")], run_id="r3",
                               transform=title_of, **DC)
     assert counts(third) == (0, 0, 0, 2, 0)
 
 
 def test_changed_sets_or_deletion_with_the_same_datestamp(store: Store) -> None:
-    store.upsert_page("h", [rec("a", sets=("s1",)), rec("b")], run_id="r1", **DC)
-    c = store.upsert_page("h", [rec("a", sets=("s1", "s2")), rec("b", deleted=True)],
+    write_page(store, "h", [rec("a", sets=("s1",)), rec("b")], run_id="r1", **DC)
+    c = write_page(store, "h", [rec("a", sets=("s1", "s2")), rec("b", deleted=True)],
                           run_id="r2", **DC)
     assert counts(c) == (0, 1, 1, 0, 0)
     assert rows(store)["a"]["sets"] == ["s1", "s2"]
@@ -59,27 +60,27 @@ def test_changed_sets_or_deletion_with_the_same_datestamp(store: Store) -> None:
 
 
 def test_another_prefix_or_transformer_rewrites(store: Store) -> None:
-    store.upsert_page("h", [rec("a")], run_id="r1", transform=title_of, **DC)
+    write_page(store, "h", [rec("a")], run_id="r1", transform=title_of, **DC)
     same_bytes = [rec("a")]
-    c = store.upsert_page("h", same_bytes, run_id="r2", transform=title_of,
+    c = write_page(store, "h", same_bytes, run_id="r2", transform=title_of,
                           metadata_prefix="datacite", transformer="oai_dc")
     assert c.updated == 1
-    c = store.upsert_page("h", same_bytes, run_id="r3", transform=title_of,
+    c = write_page(store, "h", same_bytes, run_id="r3", transform=title_of,
                           metadata_prefix="datacite", transformer="datacite")
     assert c.updated == 1
-    c = store.upsert_page("h", same_bytes, run_id="r4", transform=title_of,
+    c = write_page(store, "h", same_bytes, run_id="r4", transform=title_of,
                           metadata_prefix="datacite", transformer="datacite")
     assert c.unchanged == 1
     assert rows(store)["a"]["run_id"] == "r3"
 
 
 def test_rows_without_a_hash_count_as_changed_once(store: Store) -> None:
-    store.upsert_page("h", [rec("a"), rec("b")], run_id="r1", transform=title_of, **DC)
+    write_page(store, "h", [rec("a"), rec("b")], run_id="r1", transform=title_of, **DC)
     with store.engine.begin() as conn:  # as left by the migration from an older schema
         conn.execute(record_table.update().values(content_hash=None))
-    c = store.upsert_page("h", [rec("a"), rec("b")], run_id="r2", transform=title_of, **DC)
+    c = write_page(store, "h", [rec("a"), rec("b")], run_id="r2", transform=title_of, **DC)
     assert counts(c) == (0, 2, 0, 0, 0)
-    c = store.upsert_page("h", [rec("a"), rec("b")], run_id="r3", transform=title_of, **DC)
+    c = write_page(store, "h", [rec("a"), rec("b")], run_id="r3", transform=title_of, **DC)
     assert counts(c) == (0, 0, 0, 2, 0)
 
 
@@ -92,13 +93,13 @@ def test_a_page_costs_a_constant_number_of_statements(store: Store) -> None:
             statements.append(statement)
 
     page = [rec(f"id{i:03d}", title=f"t{i}") for i in range(200)]
-    store.upsert_page("h", page[:1], run_id="warm", transform=title_of, **DC)
+    write_page(store, "h", page[:1], run_id="warm", transform=title_of, **DC)
     sa.event.listen(store.engine, "before_cursor_execute", count)
     try:
-        store.upsert_page("h", page, run_id="r1", transform=title_of, **DC)
+        write_page(store, "h", page, run_id="r1", transform=title_of, **DC)
         first = len(statements)
         statements.clear()
-        store.upsert_page("h", page, run_id="r2", transform=title_of, **DC)
+        write_page(store, "h", page, run_id="r2", transform=title_of, **DC)
         again = len(statements)
     finally:
         sa.event.remove(store.engine, "before_cursor_execute", count)
@@ -147,7 +148,7 @@ def test_full_harvest_after_a_prefix_change_rewrites_every_record(database_url: 
 
 def test_overlong_identifier_costs_only_that_record(store: Store) -> None:
     long_id = "oai:x:" + "y" * IDENTIFIER_MAX
-    c = store.upsert_page("h", [rec("a"), rec(long_id), rec("b")], run_id="r1",
+    c = write_page(store, "h", [rec("a"), rec(long_id), rec("b")], run_id="r1",
                           transform=title_of, **DC)
     assert counts(c) == (2, 0, 0, 0, 1)
     assert len(c.failed_ids) == 1
@@ -156,7 +157,7 @@ def test_overlong_identifier_costs_only_that_record(store: Store) -> None:
     assert set(rows(store)) == {"a", "b"}
     # At the limit exactly it fits.
     limit = "z" * IDENTIFIER_MAX
-    assert store.upsert_page("h", [rec(limit)], run_id="r2", **DC).new == 1
+    assert write_page(store, "h", [rec(limit)], run_id="r2", **DC).new == 1
     assert limit in rows(store)
 
 
@@ -164,7 +165,7 @@ def test_overlong_identifier_costs_only_that_record(store: Store) -> None:
 def test_unreadable_or_overlong_datestamp_is_stored_with_an_error(
     store: Store, datestamp: str
 ) -> None:
-    c = store.upsert_page("h", [rec("a", datestamp), rec("b")], run_id="r1",
+    c = write_page(store, "h", [rec("a", datestamp), rec("b")], run_id="r1",
                           transform=title_of, **DC)
     assert (c.new, c.failed, c.failed_ids) == (2, 1, ["a"])
     row = rows(store)["a"]
@@ -177,7 +178,7 @@ def test_unreadable_or_overlong_datestamp_is_stored_with_an_error(
     # The placeholder sorts before every real datestamp.
     assert DATESTAMP_PLACEHOLDER < "0001-01-01T00:00:00Z"
     # The same record again is unchanged (no rewrite on every harvest).
-    again = store.upsert_page("h", [rec("a", datestamp), rec("b")], run_id="r2",
+    again = write_page(store, "h", [rec("a", datestamp), rec("b")], run_id="r2",
                               transform=title_of, **DC)
     assert counts(again) == (0, 0, 0, 2, 0)
 
@@ -190,7 +191,7 @@ def test_record_with_a_metadata_parse_error_is_stored_with_it(store: Store) -> N
     bad = rec("bad")
     bad_record = FakeRecord(bad.header, b"<oai_dc:dc><dc:title>broken")
     bad_record.parse_error = MetadataParseError("metadata is not well-formed XML")  # type: ignore[attr-defined]
-    c = store.upsert_page("h", [rec("good"), bad_record], run_id="r1", transform=title_of, **DC)
+    c = write_page(store, "h", [rec("good"), bad_record], run_id="r1", transform=title_of, **DC)
     assert (c.new, c.failed, c.failed_ids) == (2, 1, ["bad"])
     row = rows(store)["bad"]
     assert row["metadata"] is None

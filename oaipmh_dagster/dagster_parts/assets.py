@@ -23,6 +23,7 @@ from oaipmh_dagster.dagster_parts.since import (
     resolve_since,
 )
 from oaipmh_dagster.registry import Harvester
+from oaipmh_dagster.rows import retransform
 from oaipmh_dagster.store import Store
 
 RECORD_COLUMNS = dg.TableSchema(
@@ -244,8 +245,8 @@ def run_harvest(
         if counts is None:
             context.log.info("re-transforming the stored raw XML of %s with %s",
                              h.id, h.transformer)
-            result = store.retransform(h.id, harvest_mod.make_transform(h.transformer),
-                                       run_id=context.run_id, logger=context.log)
+            result = retransform(store, h.id, harvest_mod.make_transform(h.transformer),
+                                 run_id=context.run_id, logger=context.log)
             counts = {"new": 0, "updated": result.updated, "failed": result.failed,
                       "failed_ids": result.failed_ids}
         yield dg.MaterializeResult(asset_key=records_key, metadata=records_metadata(store, h, counts))

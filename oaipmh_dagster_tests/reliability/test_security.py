@@ -27,6 +27,7 @@ from oaipmh_dagster.demo.dataset import ServedRecord, make_dataset
 from oaipmh_dagster.harvest import CredentialsError, HarvestError, harvest
 from oaipmh_dagster.oai import OAIClient, OAIDataError, OAIError, OAIHTTPStatusError
 from oaipmh_dagster.registry import Harvester, InvalidHarvester, Registry, harvester_table
+from oaipmh_dagster.rows import write_page
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.helpers import add_harvester, expected_snapshot
 from oaipmh_dagster_tests.reliability.conftest import FAST
@@ -355,7 +356,7 @@ def test_quotes_and_sql_fragments_round_trip(database_url: str) -> None:
     # The store does not validate harvester ids itself; a hostile one still round-trips.
     hostile = "x'; DROP TABLE oaipmh_record; --"
     rec = next(iter(store_records_for_upsert(ds)))
-    store.upsert_page(hostile, [rec], run_id="r")
+    write_page(store, hostile, [rec], run_id="r")
     assert list(store.snapshot(hostile)) == [rec.header.identifier]
     assert store.count("sqlsafe", live_only=False) == 35
     assert registry.get("sqlsafe").id == "sqlsafe"

@@ -1,0 +1,284 @@
+"""What a harvested record becomes in the store: its row (datestamp in the store's form,
+sets, raw XML, transformed metadata, errors), its content hash, and the counts of a write.
+
+Records converge by content: each row keeps a hash of what was harvested (datestamp,
+deletion, sets, raw metadata, and the metadata prefix and transformer that produced the
+stored metadata), so a change that keeps its datestamp is still rewritten, and an
+unchanged record is neither transformed nor written. One record's bad value costs only
+that record: the same column limits hold on every database. The store persists the rows
+(`Store.page`); nothing here touches the database directly."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+import threading
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from oaipmh_dagster.lease import IsStale
+from oaipmh_dagster.store import (
+    DATESTAMP_MAX,
+    DATESTAMP_PLACEHOLDER,
+    IDENTIFIER_MAX,
+    MetadataUpdate,
+    Store,
+    utc_datestamp,
+)
+
+__all__ = ["Counts", "HarvestRecord", "Transform", "retransform", "write_page"]
+
+_SHOWN = 100  # characters of a bad value quoted in counts and errors
+_NO_ERRORS = "[]"
+
+# (raw XML, the already parsed element or None) -> transformed dict
+Transform = Callable[[str, Any], dict[str, Any]]
+
+
+class HarvestRecord(Protocol):
+    """What the store needs of a harvested record (`oai.Record` fits)."""
+
+    header: Any
+    metadata: bytes | None
+
+
+@dataclass
+class Counts:
+    """What writes did to records: of a page, a re-transform or a whole harvest."""
+
+    new: int = 0
+    updated: int = 0
+    deleted: int = 0
+    unchanged: int = 0
+    failed: int = 0
+    failed_ids: list[str] = field(default_factory=list)  # the first 20
+
+    @property
+    def records(self) -> int:
+        """Records written or found unchanged."""
+        return self.new + self.updated + self.deleted + self.unchanged
+
+    def add(self, other: Counts) -> None:
+        """Accumulate `other` into this."""
+        self.new += other.new
+        self.updated += other.updated
+        self.deleted += other.deleted
+        self.unchanged += other.unchanged
+        self.failed += other.failed
+        self.failed_ids.extend(other.failed_ids[: max(0, 20 - len(self.failed_ids))])
+
+    def fail(self, identifier: str) -> None:
+        """Count one failed record and name it (the first 20)."""
+        self.failed += 1
+        if len(self.failed_ids) < 20:
+            self.failed_ids.append(identifier)
+
+
+_CANONICAL = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
+
+
+def _shown(value: str) -> str:
+    """A value short enough to quote in counts and messages."""
+    if len(value) <= _SHOWN:
+        return value
+    return f"{value[:_SHOWN]}... ({len(value)} characters)"
+
+
+def _store_datestamp(header: Any) -> tuple[str, list[dict[str, str]]]:
+    """The header's datestamp in the store's form (as sent when it already is), or the
+    placeholder and an error when it cannot be read."""
+    raw = header.datestamp or ""
+    if _CANONICAL.fullmatch(raw):
+        return raw, []
+    when = header.datestamp_utc
+    if when is not None:
+        value = utc_datestamp(when)
+        if len(value) <= DATESTAMP_MAX:
+            return value, []
+    return DATESTAMP_PLACEHOLDER, [{
+        "type": "datestamp",
+        "message": f"unreadable datestamp {_shown(raw)!r}; stored as {DATESTAMP_PLACEHOLDER}",
+        "location": "header",
+    }]
+
+
+def _parse_error(rec: Any) -> list[dict[str, Any]]:
+    """The error the page parse attached to a record whose metadata it could not read."""
+    error = getattr(rec, "parse_error", None)
+    if error is None:
+        return []
+    if isinstance(error, dict):
+        return [error]
+    to_dict = getattr(error, "to_dict", None)
+    if callable(to_dict):
+        return [to_dict()]
+    kind = type(error).__name__ if isinstance(error, BaseException) else "metadata"
+    return [{"type": kind, "message": str(error), "location": "metadata"}]
+
+
+def _content_hash(produced: bytes, datestamp: str, deleted: bool, sets: bytes,
+                  metadata: bytes | None) -> str:
+    """What a record's stored row was made from, in 32 hex digits."""
+    h = hashlib.blake2b(produced, digest_size=16)
+    h.update(b"\x1fD" if deleted else b"\x1fL")
+    h.update(datestamp.encode())
+    h.update(b"\x1f")
+    h.update(sets)
+    if metadata is not None:
+        h.update(b"\x1f")
+        h.update(metadata)
+    return h.hexdigest()
+
+
+_MISSING = object()  # no stored row
+
+
+def _apply_transform(
+    transform: Transform | None, raw: str | None, element: Any = None
+) -> tuple[Any, list[dict]]:
+    if transform is None or raw is None:
+        return None, []
+    try:
+        return transform(raw, element), []
+    except Exception as exc:  # noqa: BLE001 - a bad record must not stop the run
+        to_dict = getattr(exc, "to_dict", None)
+        error = to_dict() if callable(to_dict) else {
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "location": "transform",
+        }
+        return None, [error]
+
+
+def write_page(
+    store: Store,
+    harvester_id: str,
+    records: Sequence[HarvestRecord],
+    *,
+    run_id: str | None,
+    transform: Transform | None = None,
+    checkpoint: dict[str, Any] | None = None,
+    metadata_prefix: str = "",
+    transformer: str = "",
+) -> Counts:
+    """Write one page in one transaction: new and changed records are transformed and
+    upserted, records whose content hash is unchanged are left alone; `checkpoint` is
+    saved in the same commit. `metadata_prefix` and `transformer` name what produced
+    the page's metadata (a change of either rewrites every record). Under `run_id`'s
+    lease the write is fenced (see `Store.page`)."""
+    counts = Counts()
+    latest: dict[str, HarvestRecord] = {}
+    for rec in records:
+        identifier = rec.header.identifier
+        if len(identifier) > IDENTIFIER_MAX:  # enforced here on every database
+            counts.fail(_shown(identifier))
+            continue
+        latest[identifier] = rec  # a page may repeat an identifier
+    produced = f"{metadata_prefix}\x1f{transformer if transform else ''}".encode()
+    now = datetime.now(UTC)
+    with store.page(harvester_id, run_id, checkpoint) as page:
+        existing = page.hashes(list(latest))
+        page.upsert([
+            v for identifier, rec in latest.items()
+            if (v := _row(harvester_id, identifier, rec, existing, produced, transform,
+                          run_id, now, counts)) is not None
+        ])
+    return counts
+
+
+@functools.lru_cache(maxsize=1024)
+def _sets(specs: tuple[str, ...]) -> tuple[str, bytes]:
+    """A set list as stored JSON and as hashed bytes (cached: few distinct lists)."""
+    return json.dumps(list(specs)), "\x1f".join(specs).encode()
+
+
+def _row(
+    harvester_id: str, identifier: str, rec: HarvestRecord, existing: dict[str, str | None],
+    produced: bytes, transform: Transform | None, run_id: str | None, now: datetime,
+    counts: Counts,
+) -> dict[str, Any] | None:
+    """The row to upsert for one record (None when its content is unchanged)."""
+    header = rec.header
+    deleted = header.deleted
+    datestamp, errors = _store_datestamp(header)
+    sets_json, sets_key = _sets(tuple(header.set_specs))
+    metadata = None if deleted else rec.metadata
+    digest: str | None = _content_hash(produced, datestamp, deleted, sets_key, metadata)
+    old = existing.get(identifier, _MISSING)
+    if old == digest:
+        counts.unchanged += 1
+        return None
+    raw: str | None = None
+    meta: Any = None
+    transformed_at: datetime | None = None
+    if deleted:
+        counts.deleted += 1
+        errors = []
+    else:
+        if old is _MISSING:
+            counts.new += 1
+        else:
+            counts.updated += 1
+        raw = metadata.decode("utf-8") if metadata is not None else None
+        parsed = _parse_error(rec)
+        if parsed:
+            errors = errors + parsed
+        else:
+            meta, failed = _apply_transform(transform, raw, getattr(rec, "element", None))
+            if transform is not None and raw:
+                transformed_at = now
+            if failed:
+                errors = errors + failed
+                digest = None  # a failed transform is tried again next time
+        if errors:
+            counts.fail(identifier)
+    return {
+        "harvester_id": harvester_id,
+        "oai_identifier": identifier,
+        "datestamp": datestamp,
+        "deleted": deleted,
+        "sets": sets_json,
+        "raw_xml": raw,
+        "metadata": None if meta is None else json.dumps(meta, ensure_ascii=False),
+        "errors": json.dumps(errors) if errors else _NO_ERRORS,
+        "harvested_at": now,
+        "run_id": run_id,
+        "transformed_at": transformed_at,
+        "content_hash": digest,
+    }
+
+
+def retransform(
+    store: Store, harvester_id: str, transform: Transform, *, run_id: str, batch: int = 500,
+    is_stale: IsStale | None = None, wait: bool = True,
+    wait_limit: float | None | types.EllipsisType = ...,
+    cancel: threading.Event | None = None, logger: Any = None,
+) -> Counts:
+    """Transform every stored live record of a harvester again from its raw XML, under
+    the harvester's lease (taken as `Store.acquire` does, released at the end; the
+    harvest state's status and checkpoint stay as they were), one transaction per batch."""
+    counts = Counts()
+    last = ""
+    with store.holding(harvester_id, run_id, is_stale=is_stale, wait=wait,
+                       wait_limit=wait_limit, cancel=cancel, logger=logger):
+        while True:
+            with store.page(harvester_id, run_id) as page:
+                rows = page.live_raw(last, batch)
+                if not rows:
+                    return counts
+                now = datetime.now(UTC)
+                updates = []
+                for identifier, raw in rows:
+                    meta, errors = _apply_transform(transform, raw)
+                    if errors:
+                        counts.fail(identifier)
+                    else:
+                        counts.updated += 1
+                    updates.append(MetadataUpdate(identifier, meta, errors, now))
+                page.set_metadata(updates)
+            last = rows[-1][0]
