@@ -17,6 +17,7 @@ import click
 import sqlalchemy as sa
 
 from oaipmh_dagster import db
+from oaipmh_dagster.contracts import job_name
 from oaipmh_dagster.registry import (
     Harvester,
     HarvesterExists,
@@ -46,7 +47,7 @@ class Failure(click.ClickException):
 def _registry() -> Registry:
     try:
         return Registry(db.get_engine())
-    except db.DatabaseError as exc:
+    except db.DatabaseUnavailable as exc:
         raise Failure(str(exc)) from exc
 
 
@@ -110,7 +111,7 @@ def init() -> None:
     try:
         engine = db.get_engine(migrate=False)
         rev = db.upgrade(engine)
-    except db.DatabaseError as exc:
+    except db.DatabaseUnavailable as exc:
         raise Failure(str(exc)) from exc
     click.echo(f"database {db.redact(str(engine.url))} at schema revision {rev}")
 
@@ -270,7 +271,7 @@ def harvester_remove(harvester_id: str, yes: bool, delete_records: bool) -> None
         h, label = None, f"{harvester_id} (stored with invalid values)"  # removable anyway
     if not yes and not _confirm(f"remove harvester {label}?"):
         raise Failure(f"harvester {harvester_id} not removed (confirm, or pass --yes)")
-    _stop_schedule(f"harvest_oaipmh_records_{harvester_id}" if h is None else h.job_name)
+    _stop_schedule(job_name(harvester_id))
     registry.remove(harvester_id)
     _forget_state(registry, harvester_id)
     _publish_since(harvester_id, None, "harvester removed")
@@ -316,18 +317,24 @@ def _confirm(question: str) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
-def _stop_schedule(job_name: str) -> None:
-    """Stop the harvester's schedule in the Dagster instance, if it has one there."""
-    try:
-        from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType
+def _stop_schedule(name: str) -> None:
+    """Stop a harvester's schedule: through the running webserver (GraphQL), else in the
+    instance itself (see dagster_parts/_private.py for why not `dagster schedule stop`)."""
+    from oaipmh_dagster.reload import stop_schedule
 
-        instance = _instance()
-        for state in instance.all_instigator_state(instigator_type=InstigatorType.SCHEDULE):
-            if state.name == job_name and state.status == InstigatorStatus.RUNNING:
-                instance.update_instigator_state(state.with_status(InstigatorStatus.STOPPED))
-                click.echo(f"stopped schedule {job_name}")
-    except Exception as exc:  # noqa: BLE001 - removing the row must not depend on it
-        click.echo(f"note: could not stop schedule {job_name}: {exc}", err=True)
+    done, message = stop_schedule(name, timeout=60.0)
+    if done is None:
+        try:
+            from oaipmh_dagster.dagster_parts._private import stop_schedule_states
+
+            done = True
+            message = f"stopped schedule {name}" if stop_schedule_states(_instance(), name) else ""
+        except Exception as exc:  # noqa: BLE001 - removing the row must not depend on it
+            done, message = False, str(exc)
+    if not done:
+        click.echo(f"note: could not stop schedule {name}: {message}", err=True)
+    elif message.startswith("stopped"):
+        click.echo(message)
 
 
 @harvester.command("list")
@@ -644,7 +651,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         _error(exc.format_message(), 2)
     except click.ClickException as exc:
         _fail(exc, exc.format_message(), exc.exit_code)
-    except (db.DatabaseError, RegistryError) as exc:
+    except (db.DatabaseUnavailable, RegistryError) as exc:
         _fail(exc, exc)
     except sa.exc.SQLAlchemyError as exc:
         _fail(exc, f"database error: {getattr(exc, 'orig', None) or exc}")

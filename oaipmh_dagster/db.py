@@ -10,6 +10,8 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from oaipmh_dagster.errors import OAIPMHDagsterError
+
 log = logging.getLogger(__name__)
 
 DATABASE_URL_ENV = "OAIPMH_DATABASE_URL"
@@ -23,8 +25,9 @@ _migrated: set[str] = set()
 _lock = threading.Lock()
 
 
-class DatabaseError(RuntimeError):
-    """The database cannot be reached or its schema cannot be brought up to date."""
+class DatabaseUnavailable(OAIPMHDagsterError, RuntimeError):
+    """The database cannot be used: its URL is invalid, it cannot be reached, or its
+    schema cannot be brought up to date."""
 
 
 def dagster_home() -> Path:
@@ -68,7 +71,7 @@ def get_engine(url: str | None = None, *, migrate: bool = True) -> Engine:
             try:
                 sa_url = sa.engine.make_url(url)
             except Exception as exc:
-                raise DatabaseError(f"invalid database URL {redact(url)!r}: {exc}") from exc
+                raise DatabaseUnavailable(f"invalid database URL {redact(url)!r}: {exc}") from exc
             kwargs: dict = {"future": True}
             if sa_url.get_backend_name() == "sqlite":
                 kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
@@ -77,7 +80,7 @@ def get_engine(url: str | None = None, *, migrate: bool = True) -> Engine:
             try:
                 engine = sa.create_engine(sa_url, **kwargs)
             except Exception as exc:
-                raise DatabaseError(f"cannot use database {redact(url)}: {exc}") from exc
+                raise DatabaseUnavailable(f"cannot use database {redact(url)}: {exc}") from exc
             if sa_url.get_backend_name() == "sqlite":
                 sa.event.listen(engine, "connect", _sqlite_pragmas)
             _engines[url] = engine
@@ -141,13 +144,13 @@ def upgrade(engine: Engine, revision: str = "head") -> str | None:
                 conn.execute(sa.text("SELECT pg_advisory_xact_lock(7262012)"))
             command.upgrade(_alembic_config(conn), revision)
     except sa.exc.OperationalError as exc:
-        raise DatabaseError(
+        raise DatabaseUnavailable(
             f"cannot reach database {redact(url)}: {str(exc.orig).strip().splitlines()[0]}"
         ) from exc
     except sa.exc.DBAPIError as exc:  # e.g. a file that is not a SQLite database
-        raise DatabaseError(f"cannot use database {redact(url)}: {exc.orig}") from exc
+        raise DatabaseUnavailable(f"cannot use database {redact(url)}: {exc.orig}") from exc
     except CommandError as exc:  # e.g. a schema revision newer than this code
-        raise DatabaseError(f"cannot upgrade database {redact(url)}: {exc}") from exc
+        raise DatabaseUnavailable(f"cannot upgrade database {redact(url)}: {exc}") from exc
     if revision == "head":
         _migrated.add(url)
     rev = current_revision(engine)
@@ -160,7 +163,7 @@ def table_exists(engine: Engine, name: str) -> bool:
     try:
         return sa.inspect(engine).has_table(name)
     except sa.exc.OperationalError as exc:
-        raise DatabaseError(
+        raise DatabaseUnavailable(
             f"cannot reach database {redact(str(engine.url))}: "
             f"{str(exc.orig).strip().splitlines()[0]}"
         ) from exc

@@ -10,12 +10,10 @@ import logging
 import warnings
 
 import dagster as dg
-from dagster._core.definitions.definitions_load_context import (
-    DefinitionsLoadContext,
-    DefinitionsLoadType,
-)
 
 from oaipmh_dagster import db
+from oaipmh_dagster.contracts import ROWS_KEY
+from oaipmh_dagster.dagster_parts._private import LoadContext
 from oaipmh_dagster.dagster_parts.assets import build_harvester_assets
 from oaipmh_dagster.dagster_parts.jobs import build_harvest_job
 from oaipmh_dagster.dagster_parts.listener import LISTENER_KEY, listener_resource
@@ -24,9 +22,9 @@ from oaipmh_dagster.dagster_parts.schedules import build_schedule
 from oaipmh_dagster.dagster_parts.sensors import build_since_sensor
 from oaipmh_dagster.registry import Harvester, InvalidRow, Registry, harvester_table
 
-log = logging.getLogger(__name__)
+__all__ = ["ROWS_KEY", "build_definitions", "defs", "load_harvesters"]
 
-ROWS_KEY = "oaipmh/harvesters"
+log = logging.getLogger(__name__)
 
 
 def load_harvesters() -> list[Harvester]:
@@ -68,22 +66,17 @@ def build_definitions(
 @dg.definitions
 def defs() -> dg.Definitions:
     """Entry point of the code location (workspace.yaml: module oaipmh_dagster.definitions)."""
-    # Dagster sets the load context when it loads a code location; a direct call (tests,
-    # scripts) has none, and creating one would touch global instance state.
-    context = DefinitionsLoadContext.get() if DefinitionsLoadContext.is_set() else None
-    stored = None
-    if context is not None and context.load_type == DefinitionsLoadType.RECONSTRUCTION:
-        stored = context.reconstruction_metadata.get(ROWS_KEY)
+    context = LoadContext()
+    stored = context.reconstructed(ROWS_KEY)
     if stored is not None:
         harvesters = [Harvester.from_dict(d) for d in json.loads(stored)]
     else:
         harvesters = load_harvesters()
     rows = json.dumps([h.to_dict() for h in harvesters], sort_keys=True)
-    if context is not None:
-        # Only the load context's pending metadata reaches the repository load data that
-        # run workers are rebuilt from (`with_reconstruction_metadata` alone does not).
-        context.add_to_pending_reconstruction_metadata(ROWS_KEY, rows)
-    location = context.code_location_name if context is not None else None
+    # Only the load context's pending metadata reaches the repository load data that run
+    # workers are rebuilt from (`with_reconstruction_metadata` alone does not).
+    context.hand_to_run_workers(ROWS_KEY, rows)
+    location = context.location_name
     built = build_definitions(harvesters, location)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.PreviewWarning)  # a documented Dagster API

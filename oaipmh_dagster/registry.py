@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import functools
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -15,6 +17,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from oaipmh_dagster import db
+from oaipmh_dagster.contracts import job_name
+from oaipmh_dagster.errors import OAIPMHDagsterError
 
 ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_]{0,47}$")
 # OAI-PMH 2.0 schema: metadataPrefix and setSpec character classes.
@@ -28,6 +32,7 @@ MAX_SHORT = 255
 MAX_OVERLAP = 30 * 86400
 MAX_RECONCILE_EVERY = 10_000
 
+# The one prefix -> built-in transformer map (a row names its transformer when created).
 DEFAULT_TRANSFORMERS = {
     "oai_dc": "oai_dc",
     "datacite": "datacite",
@@ -64,7 +69,7 @@ harvester_table = sa.Table(
 )
 
 
-class RegistryError(Exception):
+class RegistryError(OAIPMHDagsterError):
     """Base of the registry's errors."""
 
 
@@ -82,7 +87,7 @@ class HarvesterExists(RegistryError):
 
 def default_transformer(metadata_prefix: str) -> str:
     """The built-in transformer for a metadata prefix (`xml` when none fits)."""
-    return DEFAULT_TRANSFORMERS.get(metadata_prefix.lower(), "xml")
+    return DEFAULT_TRANSFORMERS.get(metadata_prefix.strip().lower(), "xml")
 
 
 def _now() -> datetime:
@@ -129,7 +134,7 @@ class Harvester:
     @property
     def job_name(self) -> str:
         """Name of the job and of the schedule (contract)."""
-        return f"harvest_oaipmh_records_{self.id}"
+        return job_name(self.id)
 
     @property
     def host(self) -> str:
@@ -150,7 +155,7 @@ class Harvester:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Harvester:
+    def from_dict(cls, data: Mapping[Any, Any]) -> Harvester:
         """Inverse of `to_dict` (also accepts a database row mapping)."""
         values = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
         for key in ("created", "updated"):
@@ -205,11 +210,22 @@ def validate_cron(value: str | None) -> str | None:
     """Check a cron expression as Dagster reads it (None = no schedule ticks)."""
     if value is None:
         return None
-    from dagster._utils.schedules import is_valid_cron_string
-
-    if not is_valid_cron_string(value):
+    if not _valid_cron(value):
         raise InvalidHarvester(f"invalid cron expression {value!r}")
     return value
+
+
+@functools.lru_cache(maxsize=4096)
+def _valid_cron(value: str) -> bool:
+    """Whether Dagster accepts `value` as a schedule's cron (its public constructor is the
+    check; cached: registries repeat a handful of expressions)."""
+    import dagster as dg
+
+    try:
+        dg.ScheduleDefinition(name="cron_check", cron_schedule=value, job_name="cron_check")
+    except dg.DagsterInvalidDefinitionError:
+        return False
+    return True
 
 
 def validate_timezone(value: str) -> str:
@@ -315,29 +331,31 @@ class Registry:
                 f"harvester {harvester_id!r} is stored with an invalid value: {exc}"
             ) from exc
 
-    def list(self) -> list[Harvester]:
+    def list(self) -> builtins.list[Harvester]:
         """Every valid harvester, ordered by id (see `list_rows` for invalid ones)."""
         return [h for h in self.list_rows() if isinstance(h, Harvester)]
 
-    def list_rows(self) -> list[Harvester | InvalidRow]:
+    def list_rows(self) -> builtins.list[Harvester | InvalidRow]:
         """Every row, ordered by id; rows that fail validation come back as `InvalidRow`."""
         table = harvester_table
         with self.engine.connect() as conn:
             try:
-                rows = conn.execute(table.select().order_by(table.c.id)).mappings().all()
+                rows: Sequence[Mapping[Any, Any] | InvalidRow] = (
+                    conn.execute(table.select().order_by(table.c.id)).mappings().all())
             except (TypeError, ValueError):
                 # A hand-edited value the column type cannot even read (bad JSON, a bad
                 # date on SQLite): read the rows one by one so only that row is invalid.
                 ids = conn.execute(sa.select(table.c.id).order_by(table.c.id)).scalars().all()
-                rows = []
+                one_by_one: builtins.list[Mapping[Any, Any] | InvalidRow] = []
+                rows = one_by_one
                 for harvester_id in ids:
                     try:
-                        rows.append(conn.execute(
+                        one_by_one.append(conn.execute(
                             table.select().where(table.c.id == harvester_id)
                         ).mappings().one())
                     except (TypeError, ValueError) as exc:
-                        rows.append(InvalidRow(str(harvester_id), f"unreadable row: {exc}"))
-            out: list[Harvester | InvalidRow] = []
+                        one_by_one.append(InvalidRow(str(harvester_id), f"unreadable row: {exc}"))
+            out: builtins.list[Harvester | InvalidRow] = []
             for row in rows:
                 if isinstance(row, InvalidRow):
                     out.append(row)
@@ -381,8 +399,3 @@ class InvalidRow:
 
     id: str
     error: str
-
-
-def harvesters_from_dicts(items: Iterable[Mapping[str, Any]]) -> list[Harvester]:
-    """Rebuild harvesters from their `to_dict` forms (reconstruction metadata)."""
-    return [Harvester.from_dict(item) for item in items]

@@ -43,3 +43,58 @@ def reload_code_location(
     if result.get("__typename") == "WorkspaceLocationEntry":
         return True, f"reloaded code location '{location}' at {url}"
     return False, f"reload of '{location}' at {url} failed: {result.get('message', result)}"
+
+
+SCHEDULE_QUERY = """
+query Schedule($selector: ScheduleSelector!) {
+  scheduleOrError(scheduleSelector: $selector) {
+    __typename
+    ... on Schedule { id scheduleState { status } }
+    ... on PythonError { message }
+  }
+}
+"""
+
+STOP_SCHEDULE_MUTATION = """
+mutation Stop($id: String!) {
+  stopRunningSchedule(id: $id) {
+    __typename
+    ... on ScheduleStateResult { scheduleState { status } }
+    ... on PythonError { message }
+    ... on UnauthorizedError { message }
+  }
+}
+"""
+
+
+def stop_schedule(
+    name: str, url: str | None = None, location: str | None = None, timeout: float = 30.0
+) -> tuple[bool | None, str]:
+    """Stop schedule `name` of the location through the webserver (GraphQL). Returns
+    (True, message) when stopped or not running, (False, message) when the webserver
+    refused, (None, message) when no webserver answered. Never raises."""
+    url = (url or os.environ.get(WEBSERVER_ENV) or DEFAULT_WEBSERVER).rstrip("/")
+    location = location or os.environ.get(LOCATION_ENV) or DEFAULT_LOCATION
+    selector = {"repositoryLocationName": location, "repositoryName": "__repository__",
+                "scheduleName": name}
+    try:
+        with httpx.Client(timeout=httpx.Timeout(timeout, connect=2.0)) as client:
+            found = _graphql(client, url, SCHEDULE_QUERY, {"selector": selector})
+            schedule = found["scheduleOrError"]
+            if schedule.get("__typename") != "Schedule":
+                return True, f"no schedule {name} in '{location}' at {url}"
+            if schedule["scheduleState"]["status"] != "RUNNING":
+                return True, f"schedule {name} is not running"
+            result = _graphql(client, url, STOP_SCHEDULE_MUTATION,
+                              {"id": schedule["id"]})["stopRunningSchedule"]
+    except (httpx.HTTPError, KeyError, TypeError, ValueError):
+        return None, f"no Dagster webserver answered at {url}"
+    if result.get("__typename") == "ScheduleStateResult":
+        return True, f"stopped schedule {name}"
+    return False, f"stopping schedule {name} at {url} failed: {result.get('message', result)}"
+
+
+def _graphql(client: httpx.Client, url: str, query: str, variables: dict) -> dict:
+    resp = client.post(f"{url}/graphql", json={"query": query, "variables": variables})
+    resp.raise_for_status()
+    return resp.json()["data"]

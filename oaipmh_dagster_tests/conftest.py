@@ -100,12 +100,10 @@ def sqlite_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
 
 
 def _forget_dagster_state_storage() -> None:
-    """Dagster keeps the last entered instance's state storage in a context variable; an
-    earlier test's instance, gone since, would make the next definitions load fail
-    ("undefined DagsterInstance weakref")."""
-    from dagster._core.storage.defs_state.base import _current_storage
+    """An earlier test's instance, gone since, would make the next definitions load fail."""
+    from oaipmh_dagster.dagster_parts._private import forget_defs_state_storage
 
-    _current_storage.set(None)
+    forget_defs_state_storage()
 
 
 @pytest.fixture(autouse=True)

@@ -133,7 +133,7 @@ UNREACHABLE = "postgresql+psycopg2://postgres:s3cret@127.0.0.1:1/x"
 
 def test_unreachable_database_is_a_database_error() -> None:
     started = time.monotonic()
-    with pytest.raises(db.DatabaseError) as err:
+    with pytest.raises(db.DatabaseUnavailable) as err:
         db.get_engine(UNREACHABLE)
     assert time.monotonic() - started < 30
     message = str(err.value)
@@ -144,9 +144,9 @@ def test_unreachable_database_is_a_database_error() -> None:
 
 
 def test_invalid_database_url() -> None:
-    with pytest.raises(db.DatabaseError, match="invalid database URL"):
+    with pytest.raises(db.DatabaseUnavailable, match="invalid database URL"):
         db.get_engine("not a url")
-    with pytest.raises(db.DatabaseError):
+    with pytest.raises(db.DatabaseUnavailable):
         db.get_engine("nosuchdialect://x/y")
     db.dispose_all()
 
@@ -176,3 +176,11 @@ def test_redact() -> None:
     assert "s3cret" not in db.redact(UNREACHABLE)
     assert "127.0.0.1:1" in db.redact(UNREACHABLE)
     assert db.redact("::::") == "<unparseable database URL>"
+
+
+def test_errors_sit_under_the_package_root() -> None:
+    from oaipmh_dagster.errors import OAIPMHDagsterError
+
+    assert issubclass(db.DatabaseUnavailable, OAIPMHDagsterError)
+    with pytest.raises(OAIPMHDagsterError, match="invalid database URL"):
+        db.get_engine("no such scheme://")

@@ -10,18 +10,11 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster._core.definitions.definitions_load_context import (
-    DefinitionsLoadContext,
-    DefinitionsLoadType,
-)
-from dagster._core.definitions.metadata.metadata_value import (
-    CodeLocationReconstructionMetadataValue,
-)
-from dagster._core.definitions.repository_definition import RepositoryLoadData
 
 from oaipmh_dagster import db
-from oaipmh_dagster.dagster_parts.since import SENSOR_NAME
-from oaipmh_dagster.definitions import ROWS_KEY, build_definitions, defs, load_harvesters
+from oaipmh_dagster.contracts import ROWS_KEY, SENSOR_NAME
+from oaipmh_dagster.dagster_parts._private import initialization, reconstruction
+from oaipmh_dagster.definitions import build_definitions, defs, load_harvesters
 from oaipmh_dagster.registry import Harvester, Registry, harvester_table
 from oaipmh_dagster_tests.conftest import REPO_ROOT
 from oaipmh_dagster_tests.helpers import add_harvester
@@ -85,7 +78,7 @@ def test_missing_table_gives_empty_location(sqlite_url: str,
 def test_unreachable_database_fails_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(db.DATABASE_URL_ENV, "postgresql+psycopg2://postgres@127.0.0.1:1/x")
     db.dispose_all()
-    with pytest.raises(db.DatabaseError, match="cannot reach database"):
+    with pytest.raises(db.DatabaseUnavailable, match="cannot reach database"):
         load_harvesters()
 
 
@@ -103,10 +96,7 @@ def test_invalid_row_is_left_out(sqlite_url: str, caplog: pytest.LogCaptureFixtu
 
 
 def _reconstruct(rows: list[dict]) -> dg.Definitions:
-    data = RepositoryLoadData(reconstruction_metadata={
-        ROWS_KEY: CodeLocationReconstructionMetadataValue(json.dumps(rows))})
-    ctx = DefinitionsLoadContext(DefinitionsLoadType.RECONSTRUCTION, data)
-    with DefinitionsLoadContext.scoped(ctx):
+    with reconstruction({ROWS_KEY: json.dumps(rows)}):
         return _load()
 
 
@@ -159,9 +149,32 @@ def test_initial_load_hands_rows_to_run_workers(sqlite_url: str) -> None:
     """The rows must reach the load context's pending reconstruction metadata: that, not
     the Definitions' own metadata, is what run workers are rebuilt from."""
     add_harvester("kept", "http://127.0.0.1:9/oai")
-    ctx = DefinitionsLoadContext(DefinitionsLoadType.INITIALIZATION)
-    with DefinitionsLoadContext.scoped(ctx):
+    pending: dict[str, str] = {}
+    with initialization(pending):
         _load()
-    rows = json.loads(ctx.get_pending_reconstruction_metadata()[ROWS_KEY])
+    rows = json.loads(pending[ROWS_KEY])
     assert [r["id"] for r in rows] == ["kept"]
     assert Harvester.from_dict(rows[0]) == Registry().get("kept")
+
+
+def test_contract_names() -> None:
+    from oaipmh_dagster import contracts
+
+    assert contracts.job_name("a_1") == "harvest_oaipmh_records_a_1"
+    assert contracts.asset_paths("a_1") == (["oaipmh", "a_1", "source"],
+                                            ["oaipmh", "a_1", "raw_records"],
+                                            ["oaipmh", "a_1", "records"])
+    assert contracts.harvester_of(["oaipmh", "a_1", "raw_records"], "raw_records") == "a_1"
+    assert contracts.harvester_of(["oaipmh", "a_1", "records"], "raw_records") is None
+    assert contracts.harvester_of(["other", "a_1", "records"]) is None
+    assert (contracts.HARVESTER_TAG, contracts.HOST_TAG, contracts.SINCE_TAG,
+            contracts.SINCE_SOURCE_TAG, contracts.RECONCILE_TAG) == (
+        "oaipmh/harvester", "oaipmh/host", "oaipmh/since", "oaipmh/since_source",
+        "oaipmh/reconcile")
+    assert contracts.host_pool("example.org:8080") == "oaipmh/host/example.org:8080"
+    assert contracts.SENSOR_NAME == "oaipmh_since_sensor"
+    h = Harvester(id="a_1", base_url="http://example.org:8080/oai", metadata_prefix="oai_dc")
+    job = build_definitions([h]).resolve_job_def(h.job_name)
+    assert job.tags == {"oaipmh/harvester": "a_1", "oaipmh/host": "example.org:8080"}
+    assert [n.name for n in job.graph.node_defs] == [contracts.op_name("a_1")]
+    assert job.graph.node_defs[0].pool == contracts.host_pool("example.org:8080")

@@ -17,7 +17,6 @@ from oaipmh_dagster.registry import (
     InvalidRow,
     Registry,
     default_transformer,
-    harvesters_from_dicts,
 )
 
 URL = "https://repo.example.org/oai"
@@ -215,7 +214,6 @@ def test_to_dict_keys_and_round_trip() -> None:
     back = Harvester.from_dict(json.loads(json.dumps(data)))
     assert back == h
     assert back.created == when and back.updated == when
-    assert harvesters_from_dicts([data, data]) == [h, h]
 
 
 def test_to_dict_without_times() -> None:
@@ -370,3 +368,12 @@ def test_overlap_round_trips(registry: Registry) -> None:
     assert registry.get("zenodo").overlap == 3600
     registry.update("zenodo", overlap=None)
     assert registry.get("zenodo").overlap is None
+
+
+def test_registry_errors_sit_under_the_package_root() -> None:
+    from oaipmh_dagster.errors import OAIPMHDagsterError
+
+    for cls in (InvalidHarvester, HarvesterNotFound, HarvesterExists):
+        assert issubclass(cls, OAIPMHDagsterError)
+    with pytest.raises(OAIPMHDagsterError, match="cron"):
+        make(cron="61 * * * *")

@@ -6,22 +6,34 @@ import functools
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.assets.definition.assets_definition import AssetsDefinition
-from dagster._core.definitions.utils import check_valid_name
 
 from oaipmh_dagster import harvest as harvest_mod
+from oaipmh_dagster.contracts import (
+    ADVANCES_SINCE_KEY,
+    CHECK_COMPLETE,
+    CHECK_NO_FAILED,
+    HARVESTER_TAG,
+    NEXT_SINCE_KEY,
+    RECONCILE_TAG,
+    RESPONSE_DATE_KEY,
+    SCHEDULE_TAG,
+    SCOPE_KEY,
+    SINCE_KEY,
+    SINCE_NOTE_KEY,
+    SINCE_SOURCE_KEY,
+    SINCE_SOURCE_TAG,
+    SINCE_TAG,
+    asset_paths,
+    group_name,
+    harvester_of,
+    op_name,
+)
+from oaipmh_dagster.contracts import host_pool as _host_pool
+from oaipmh_dagster.dagster_parts._private import renamed_op
 from oaipmh_dagster.dagster_parts.config import HarvestConfig
 from oaipmh_dagster.dagster_parts.listener import LISTENER_KEY
-from oaipmh_dagster.dagster_parts.jobs import HARVESTER_TAG, SINCE_SOURCE_TAG, SINCE_TAG
 from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
-from oaipmh_dagster.dagster_parts.since import (
-    ADVANCES_SINCE_KEY,
-    NEXT_SINCE_KEY,
-    RESPONSE_DATE_KEY,
-    SCOPE_KEY,
-    ResolvedSince,
-    resolve_since,
-)
+from oaipmh_dagster.dagster_parts.since import ResolvedSince, resolve_since
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.rows import retransform
 from oaipmh_dagster.store import Store
@@ -40,37 +52,21 @@ RECORD_COLUMNS = dg.TableSchema(
 # Inferred once: inferring it from the annotation per harvester costs ~1 ms each.
 HARVEST_CONFIG_SCHEMA = HarvestConfig.to_fields_dict()
 
-CHECK_NO_FAILED = "no_failed_records"
-# Set by the op on runs that reconcile; Dagster sets the schedule tag on scheduled runs.
-RECONCILE_TAG = "oaipmh/reconcile"
-SCHEDULE_TAG = "dagster/schedule_name"
-CHECK_COMPLETE = "complete_list_size_matches"
+__all__ = ["RECONCILE_TAG", "SCHEDULE_TAG", "asset_keys", "build_harvester_assets",
+           "group_name", "host_pool", "op_name", "run_harvest"]
 
 
 def asset_keys(harvester_id: str) -> tuple[dg.AssetKey, dg.AssetKey, dg.AssetKey]:
     """(source, raw_records, records) keys of a harvester."""
-    prefix = ["oaipmh", harvester_id]
-    return (dg.AssetKey([*prefix, "source"]), dg.AssetKey([*prefix, "raw_records"]),
-            dg.AssetKey([*prefix, "records"]))
-
-
-def group_name(harvester_id: str) -> str:
-    return f"oaipmh_{harvester_id}"
-
-
-def op_name(harvester_id: str) -> str:
-    """Name of the op that materializes a harvester's assets (run config goes under it)."""
-    return f"{_OP_PREFIX}{harvester_id}"
-
-
-HOST_POOL_PREFIX = "oaipmh/host/"
+    source, raw, records = asset_paths(harvester_id)
+    return dg.AssetKey(source), dg.AssetKey(raw), dg.AssetKey(records)
 
 
 def host_pool(h: Harvester) -> str:
     """The Dagster concurrency pool of every op that harvests from `h`'s host: it limits
     requests to shared servers whichever job runs the op (the harvester's job, the asset
-    graph's Materialize, a backfill); `dagster.yaml` sets its default limit."""
-    return HOST_POOL_PREFIX + h.host
+    graph's Materialize, a backfill)."""
+    return _host_pool(h.host)
 
 
 def build_harvester_assets(h: Harvester) -> list[dg.AssetsDefinition]:
@@ -110,47 +106,17 @@ def build_harvester_assets(h: Harvester) -> list[dg.AssetsDefinition]:
                           "first page announced (windowed lists are not judged)."),
     ]
 
-    _SNAPSHOTS[h.id] = h
-    op = _renamed(_harvest_op(), op_name(h.id), f"Harvest {h.name} ({h.base_url}).",
-                  pool=host_pool(h))
-    harvest_assets = AssetsDefinition.dagster_internal_init(
+    op = renamed_op(_harvest_op(), op_name(h.id), f"Harvest {h.name} ({h.base_url}).",
+                    pool=host_pool(h))
+    harvest_assets = dg.AssetsDefinition(
         keys_by_input_name={},
         keys_by_output_name={"raw_records": raw_key, "records": records_key},
         node_def=op,
-        selected_asset_keys=None,
         can_subset=True,
-        resource_defs=None,
-        backfill_policy=None,
         check_specs_by_output_name={CHECK_NO_FAILED: checks[0], CHECK_COMPLETE: checks[1]},
-        selected_asset_check_keys=None,
-        is_subset=False,
         specs=specs,
-        execution_type=None,
-        hook_defs=None,
     )
     return [dg.AssetsDefinition(specs=[source]), harvest_assets]
-
-
-# Harvester rows by id, as the definitions were built from them (in run workers: from
-# the reconstruction metadata); the shared op body finds its harvester here.
-_SNAPSHOTS: dict[str, Harvester] = {}
-_OP_PREFIX = "harvest_"
-
-
-def _renamed(
-    op: dg.OpDefinition, name: str, description: str, pool: str | None = None
-) -> dg.OpDefinition:
-    """A copy of `op` under another name. `with_replaced_properties` would run the whole
-    constructor again (signature inspection, config and output checks: half of each
-    harvester's build time) for an object that differs only in these two fields, which
-    nothing derived from them."""
-    copy = object.__new__(type(op))
-    copy.__dict__.update(op.__dict__)
-    copy._name = check_valid_name(name)  # noqa: SLF001 - see the docstring
-    copy._description = description  # noqa: SLF001
-    if pool is not None:
-        copy._pool = pool  # noqa: SLF001
-    return copy
 
 
 @functools.cache
@@ -160,31 +126,37 @@ def _harvest_op() -> dg.OpDefinition:
     Its outputs have the same names for every harvester, so one op definition (config
     schema, outputs, resources) serves them all: building it per harvester with the
     multi-asset decorator cost most of the definitions load time at 1000 harvesters.
-    `AssetsDefinition.dagster_internal_init` ties a renamed copy to each harvester's keys;
-    like the job builder, this internal API stays in this module."""
-    nothing = {"dagster_type": dg.Nothing, "is_required": False}
-
+    The public `AssetsDefinition` constructor ties a renamed copy to each harvester's
+    keys; the op's harvester is the one its asset keys name."""
     @dg.op(
         name="harvest",
-        out={name: dg.Out(**nothing) for name in ("raw_records", "records", CHECK_NO_FAILED,
+        out={name: dg.Out(dg.Nothing, is_required=False) for name in ("raw_records", "records", CHECK_NO_FAILED,
                                                   CHECK_COMPLETE)},
         config_schema=HARVEST_CONFIG_SCHEMA,
         required_resource_keys={"oaipmh_db", LISTENER_KEY},
     )
     def harvest(context: dg.AssetExecutionContext) -> Any:
-        snapshot = _SNAPSHOTS[context.op_def.name.removeprefix(_OP_PREFIX)]
         config = HarvestConfig(**context.op_config)
-        yield from run_harvest(context, config, context.resources.oaipmh_db, snapshot)
+        yield from run_harvest(context, config, context.resources.oaipmh_db,
+                               _harvester_id(context.assets_def.keys))
 
     return harvest
 
 
+def _harvester_id(keys: Any) -> str:
+    """The harvester whose assets an op materializes (from their keys)."""
+    ids = {harvester_of(key.path) for key in keys}
+    if len(ids) != 1 or None in ids:
+        raise dg.Failure(f"not the assets of one harvester: {sorted(map(str, keys))}")
+    return str(ids.pop())
+
+
 def run_harvest(
     context: dg.AssetExecutionContext, config: HarvestConfig, oaipmh_db: OAIPMHDatabase,
-    snapshot: Harvester,
+    harvester_id: str,
 ) -> Any:
     """The op body: harvest (raw_records) and/or re-transform (records), then report."""
-    h = oaipmh_db.harvester(snapshot)
+    h = oaipmh_db.harvester(harvester_id)
     store = Store(oaipmh_db.engine())
     _, raw_key, records_key = asset_keys(h.id)
     selected = context.selected_asset_keys
@@ -232,7 +204,7 @@ def run_harvest(
             listener.on_finish(stats)
         resolved = resolved_box[0]
         meta = raw_metadata(stats, resolved)
-        note = meta.get("oai/since_note")
+        note = meta.get(SINCE_NOTE_KEY)
         if note:
             context.log.warning(str(note))
         yield dg.MaterializeResult(asset_key=raw_key, metadata=meta)
@@ -252,7 +224,7 @@ def run_harvest(
         yield dg.MaterializeResult(asset_key=records_key, metadata=records_metadata(store, h, counts))
         failed = store.failed_identifiers(h.id, limit=10)
         yield dg.AssetCheckResult(
-            asset_key=records_key, check_name="no_failed_records", passed=not failed,
+            asset_key=records_key, check_name=CHECK_NO_FAILED, passed=not failed,
             severity=dg.AssetCheckSeverity.WARN,
             metadata={"failed_sample": ", ".join(failed) or "none",
                       "failed_in_store": store.counts(h.id)["failed"]},
@@ -295,10 +267,10 @@ def raw_metadata(stats: harvest_mod.HarvestStats, resolved: ResolvedSince) -> di
         NEXT_SINCE_KEY: stats.next_since or "",
         ADVANCES_SINCE_KEY: advances,
         SCOPE_KEY: stats.scope,
-        "oai/since_note": "; ".join(notes),
+        SINCE_NOTE_KEY: "; ".join(notes),
         "oai/mode": stats.mode,
-        "oai/since": stats.since or "",
-        "oai/since_source": resolved.source,
+        SINCE_KEY: stats.since or "",
+        SINCE_SOURCE_KEY: resolved.source,
         "oai/until": stats.until or "",
         "oai/granularity": stats.granularity,
         "oai/sets": ", ".join(stats.sets) or "(all)",

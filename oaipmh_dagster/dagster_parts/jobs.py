@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dagster as dg
 
+from oaipmh_dagster.contracts import HARVESTER_TAG, HOST_TAG, SINCE_SOURCE_TAG, SINCE_TAG
+from oaipmh_dagster.dagster_parts._private import build_job
 from oaipmh_dagster.registry import Harvester
 
-HARVESTER_TAG = "oaipmh/harvester"
-HOST_TAG = "oaipmh/host"
-# Set by the op when the run starts: the since it harvests from, and where that came from.
-SINCE_TAG = "oaipmh/since"
-SINCE_SOURCE_TAG = "oaipmh/since_source"
+__all__ = ["HARVESTER_TAG", "HOST_TAG", "SINCE_SOURCE_TAG", "SINCE_TAG", "build_harvest_job",
+           "run_tags"]
 
 
 def run_tags(h: Harvester) -> dict[str, str]:
@@ -22,26 +21,15 @@ def run_tags(h: Harvester) -> dict[str, str]:
 
 
 def build_harvest_job(
-    h: Harvester, assets: Sequence[dg.AssetsDefinition], resources: dict[str, Any]
+    h: Harvester, assets: Sequence[dg.AssetsDefinition], resources: Mapping[str, Any]
 ) -> dg.JobDefinition:
-    """The harvester's asset job, built from its own assets only.
-
-    Resolving `define_asset_job` selections against the whole asset graph costs
-    O(harvesters) per job, O(N^2) in all (32 s at 1000 harvesters); building each job
-    from a graph of its own three assets (the source is not executable, so the job
-    materializes raw_records and records) is O(1). `build_asset_job` and `AssetGraph`
-    are not public API: they stay in this function, covered by the definitions tests."""
-    from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
-    from dagster._core.definitions.assets.job.asset_job import build_asset_job
-    from dagster._core.execution.with_resources import wrap_resources_for_execution
-
-    return build_asset_job(
-        h.job_name,
-        asset_graph=AssetGraph.from_assets(list(assets)),
-        allow_different_partitions_defs=False,
-        resource_defs=wrap_resources_for_execution(resources),
+    """The harvester's asset job, built from its own assets only (the source is not
+    executable, so the job materializes raw_records and records): O(1) per harvester,
+    where resolving `define_asset_job` selections against the whole asset graph is
+    O(harvesters) per job."""
+    return build_job(
+        h.job_name, list(assets), resources,
         description=f"Harvest {h.name} from {h.base_url} ({h.metadata_prefix}) into the "
         "record store: raw_records, then records.",
         tags=run_tags(h),
-        executor_def=dg.in_process_executor,
     )

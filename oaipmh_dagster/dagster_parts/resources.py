@@ -22,13 +22,13 @@ class OAIPMHDatabase(dg.ConfigurableResource):
         """The shared engine, schema up to date."""
         return db.get_engine(self.database_url or None)
 
-    def harvester(self, snapshot: Harvester) -> Harvester:
+    def harvester(self, harvester_id: str) -> Harvester:
         """The harvester's current row: URL, prefix and sets may have changed since the
         code location was loaded. A removed row fails the run clearly."""
         try:
-            return Registry(self.engine()).get(snapshot.id)
+            return Registry(self.engine()).get(harvester_id)
         except HarvesterNotFound as exc:
             raise dg.Failure(
-                f"harvester {snapshot.id!r} was removed from the registry after this run's "
+                f"harvester {harvester_id!r} was removed from the registry after this run's "
                 "code location was loaded; nothing was harvested"
             ) from exc

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dagster as dg
 
-from oaipmh_dagster.dagster_parts.jobs import HARVESTER_TAG, run_tags
+from oaipmh_dagster.contracts import HARVESTER_TAG
+from oaipmh_dagster.dagster_parts.jobs import run_tags
 from oaipmh_dagster.registry import Harvester
 
 # A harvester without cron still gets a (stopped) schedule; started, it ticks once a

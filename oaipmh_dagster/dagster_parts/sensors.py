@@ -14,6 +14,7 @@ from typing import Any
 import dagster as dg
 
 from oaipmh_dagster import incremental
+from oaipmh_dagster.contracts import ASSET_JOB_PREFIX, JOB_PREFIX, RAW_RECORDS, harvester_of
 from oaipmh_dagster.dagster_parts.assets import asset_keys
 from oaipmh_dagster.dagster_parts.since import (
     SENSOR_NAME,
@@ -30,8 +31,6 @@ MAX_RUNS_PER_TICK = 500
 # Harvesters whose cursor entry is refreshed from the published since per tick (so a
 # `since set` from the CLI shows in the cursor), round robin: bounded work per tick.
 REFRESH_PER_TICK = 50
-JOB_PREFIX = "harvest_oaipmh_records_"
-ASSET_JOB_PREFIX = "__ASSET_JOB"
 
 
 @dataclass
@@ -41,13 +40,6 @@ class Tick:
     cursor: str
     events: list[dg.AssetObservation] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
-
-
-def _harvester_of(key: dg.AssetKey) -> str | None:
-    path = key.path
-    if len(path) == 3 and path[0] == "oaipmh" and path[2] == "raw_records":
-        return path[1]
-    return None
 
 
 class _Since:
@@ -158,7 +150,7 @@ def _advance(
             run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
         ).records:
             mat = event.event_log_entry.asset_materialization
-            hid = _harvester_of(mat.asset_key) if mat is not None else None
+            hid = harvester_of(mat.asset_key.path, RAW_RECORDS) if mat is not None else None
             if mat is None or hid is None or hid not in view.harvesters:
                 continue
             value, scope = run_since(mat.metadata)

@@ -17,20 +17,24 @@ from typing import Any
 import dagster as dg
 
 from oaipmh_dagster import incremental
+from oaipmh_dagster.contracts import (
+    ADVANCES_SINCE_KEY,
+    NEXT_SINCE_KEY,
+    OPERATOR_KEY,
+    RESPONSE_DATE_KEY,
+    SCOPE_KEY,
+    SENSOR_NAME,
+    SINCE_KEY,
+    SINCE_SOURCE_KEY,
+)
+from oaipmh_dagster.dagster_parts import _private
 from oaipmh_dagster.incremental import SinceState
 from oaipmh_dagster.oai import parse_user_datetime
 from oaipmh_dagster.registry import Harvester
 
-SENSOR_NAME = "oaipmh_since_sensor"
-# raw_records materialization metadata written by a harvest
-RESPONSE_DATE_KEY = "oai/response_date"
-NEXT_SINCE_KEY = "oai/next_since"
-ADVANCES_SINCE_KEY = "oai/advances_since"
-SCOPE_KEY = "oai/scope"
-# raw_records observation metadata: the since in force
-SINCE_KEY = "oai/since"
-SINCE_SOURCE_KEY = "oai/since_source"
-OPERATOR_KEY = "oai/set_by_operator"
+__all__ = ["SENSOR_NAME", "ResolvedSince", "current_state", "parse_cursor", "published_state",
+           "read_sensor_cursor", "resolve_since", "run_since", "set_since", "since_observation",
+           "since_report"]
 
 # How many newer materializations a resolution looks at past the last published since.
 _MATERIALIZATIONS = 20
@@ -169,21 +173,9 @@ def set_since(
 
 
 def read_sensor_cursor(instance: dg.DagsterInstance, location_name: str | None) -> str | None:
-    """The stored cursor of the since sensor of `location_name` (None when unknown).
-    Dagster's instigator storage is not public API: this is its one use, covered by a
-    test; the sensor uses it only to notice a cursor edited during its own tick."""
-    from dagster._core.scheduler.instigation import InstigatorType
-
-    states = [
-        s for s in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
-        if s.name == SENSOR_NAME and (
-            location_name is None
-            or s.origin.repository_origin.code_location_origin.location_name == location_name
-        )
-    ]
-    if len(states) != 1:
-        return None
-    return getattr(states[0].instigator_data, "cursor", None)
+    """The stored cursor of the since sensor of `location_name` (None when unknown). The
+    sensor uses it only to notice a cursor edited during its own tick."""
+    return _private.read_sensor_cursor(instance, SENSOR_NAME, location_name)
 
 
 def parse_cursor(cursor: str | None) -> tuple[dict[str, Any], list[str]]:

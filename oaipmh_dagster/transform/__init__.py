@@ -26,7 +26,6 @@ __all__ = [
     "Transformer",
     "TransformError",
     "available_transformers",
-    "default_transformer_for",
     "element_path",
     "get_transformer",
     "parse_metadata",
@@ -53,28 +52,10 @@ _DOTTED = re.compile(rf"^{_IDENT}(?:\.{_IDENT})*:{_IDENT}(?:\.{_IDENT})*$")
 
 _POSITION_SUFFIX = re.compile(r", line \d+, column \d+$")
 
-# Kept equal to registry.DEFAULT_TRANSFORMERS (the registry, a lower layer, fills a row's
-# default from its own copy; a test holds the two together).
-_PREFIX_DEFAULTS = {
-    "oai_dc": "oai_dc",
-    "datacite": "datacite",
-    "oai_datacite": "datacite",
-    "datacite3": "datacite",
-    "datacite4": "datacite",
-    "marc21": "marc21",
-    "marcxml": "marc21",
-    "marc": "marc21",
-}
-
 
 def available_transformers() -> list[str]:
     """Names accepted by :func:`get_transformer` besides dotted plugin paths."""
     return sorted(_registry)
-
-
-def default_transformer_for(metadata_prefix: str) -> str:
-    """The transformer to use for a metadata prefix when a harvester names none."""
-    return _PREFIX_DEFAULTS.get(metadata_prefix.strip().lower(), "xml")
 
 
 def register_transformer(name: str, fn: Transformer, *, replace: bool = False) -> None:

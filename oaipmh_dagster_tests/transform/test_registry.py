@@ -12,7 +12,6 @@ from oaipmh_dagster.transform import (
     TransformError,
     available_transformers,
     datacite,
-    default_transformer_for,
     element_path,
     get_transformer,
     marc21,
@@ -88,8 +87,11 @@ def test_available_transformers() -> None:
     ],
 )
 def test_default_transformer_for(prefix: str, expected: str) -> None:
-    assert default_transformer_for(prefix) == expected
-    assert get_transformer(default_transformer_for(prefix))
+    """The registry's prefix -> transformer map (the only one) names built-ins."""
+    from oaipmh_dagster.registry import default_transformer
+
+    assert default_transformer(prefix) == expected
+    assert get_transformer(default_transformer(prefix))
 
 
 def test_builtins_resolve_to_their_modules() -> None:
@@ -267,10 +269,3 @@ def test_transform_element_inside_a_page(sickle_dc: dict[str, bytes]) -> None:
     )
     metadata = page.find(".//{http://www.openarchives.org/OAI/2.0/}metadata")
     assert transform_element("oai_dc", metadata[0]) == transform_record("oai_dc", DC)
-
-
-def test_prefix_defaults_agree_with_the_registry() -> None:
-    from oaipmh_dagster.registry import DEFAULT_TRANSFORMERS, default_transformer
-
-    for prefix in [*DEFAULT_TRANSFORMERS, "OAI_DC", "mods", "ese"]:
-        assert default_transformer_for(prefix) == default_transformer(prefix)

@@ -1,0 +1,177 @@
+"""Every use of Dagster's private API, in one place. Written for dagster==1.13.27
+(`WRITTEN_FOR`); oaipmh_dagster_tests/test_private.py asserts that version and
+exercises each function here, so an upgrade fails there first, loudly.
+
+Why each stays private, and the public fallback:
+
+- `renamed_op`: one op definition shared by every harvester, copied under each
+  harvester's name (a constructor call per harvester was half of the build time).
+- `build_job`: each harvester's asset job resolved against a graph of its own assets
+  (`build_asset_job` + `AssetGraph`); `define_asset_job` resolves every selection
+  against the whole graph, O(N^2) (32 s at 1,000 harvesters).
+  Fallback for both: a `@dg.multi_asset` per harvester and a per-harvester
+  `dg.define_asset_job(...)` selection; measured at +3.5 s of load time for 1,000
+  harvesters.
+- `LoadContext`: the harvester rows handed to run workers in the load context's pending
+  reconstruction metadata (`Definitions.with_reconstruction_metadata` alone does not
+  reach them), read back on reconstruction, and the code location's name.
+  `dg.StateBackedComponent` is the public home for "definitions built from external
+  state", and its code-server mode behaves like this (state refreshed on every code
+  location load, shipped to run workers). It is not used: it is a component, built
+  through a component tree and a project root (a `defs/` folder layout, not the
+  `oaipmh_dagster.definitions` module that workspace.yaml names), it reads its state
+  back through a temporary file on each load, and the mode that behaves like ours is
+  named `LEGACY_CODE_SERVER_SNAPSHOTS`. Fallback: read the registry in run workers too
+  (a row removed after a load then breaks the run at load time instead of failing it
+  with a clear message).
+- `read_sensor_cursor`: the since sensor notices an operator's cursor edit made during
+  its own tick by reading its stored instigator state. Fallback: drop that check (an
+  edit made during a tick is then overwritten by the tick).
+- `stop_schedule_states`: `oaipmh-dagster harvester remove` stops the harvester's
+  schedule with the webserver's public GraphQL `stopRunningSchedule` when a webserver
+  answers; without one it writes the instigator state itself. The public
+  `dagster schedule stop` does not fit there: it starts a code server for the whole
+  location, about 19 s per call measured with one harvester (most of it waiting for that
+  server to shut down), more with many. Fallback: leave a started schedule of a removed
+  harvester running in the instance (a harvester added again under that id would then
+  start with it running).
+- `forget_defs_state_storage`: tests reset the instance Dagster remembers in a context
+  variable between instances (no fallback needed outside tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import dagster as dg
+from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
+from dagster._core.definitions.assets.job.asset_job import build_asset_job
+from dagster._core.definitions.definitions_load_context import (
+    DefinitionsLoadContext,
+    DefinitionsLoadType,
+)
+from dagster._core.definitions.metadata.metadata_value import (
+    CodeLocationReconstructionMetadataValue,
+)
+from dagster._core.definitions.repository_definition import RepositoryLoadData
+from dagster._core.definitions.utils import check_valid_name
+from dagster._core.execution.with_resources import wrap_resources_for_execution
+from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType
+
+WRITTEN_FOR = "1.13.27"
+
+
+def renamed_op(
+    op: dg.OpDefinition, name: str, description: str, pool: str | None = None
+) -> dg.OpDefinition:
+    """A copy of `op` under another name. `with_replaced_properties` would run the whole
+    constructor again (signature inspection, config and output checks) for an object
+    that differs only in these fields, which nothing derived from them."""
+    copy = object.__new__(type(op))
+    copy.__dict__.update(op.__dict__)
+    copy._name = check_valid_name(name)  # noqa: SLF001 - see the module docstring
+    copy._description = description  # noqa: SLF001
+    if pool is not None:
+        copy._pool = pool  # noqa: SLF001
+    return copy
+
+
+def build_job(
+    name: str, assets: list[dg.AssetsDefinition], resources: Mapping[str, Any], *,
+    description: str, tags: Mapping[str, str],
+) -> dg.JobDefinition:
+    """The asset job of `assets` alone, resolved against a graph of these assets only."""
+    return build_asset_job(
+        name,
+        asset_graph=AssetGraph.from_assets(assets),
+        allow_different_partitions_defs=False,
+        resource_defs=wrap_resources_for_execution(dict(resources)),
+        description=description,
+        tags=dict(tags),
+        executor_def=dg.in_process_executor,
+    )
+
+
+class LoadContext:
+    """What the code location load needs from Dagster's definitions load context. Dagster
+    sets one when it loads a code location; a direct call (tests, scripts) has none, and
+    creating one would touch global instance state."""
+
+    def __init__(self) -> None:
+        self._context = DefinitionsLoadContext.get() if DefinitionsLoadContext.is_set() else None
+
+    @property
+    def location_name(self) -> str | None:
+        """The code location's name (None outside a code location load)."""
+        return self._context.code_location_name if self._context is not None else None
+
+    def reconstructed(self, key: str) -> str | None:
+        """The value stored under `key` by the load this run worker is rebuilt from."""
+        context = self._context
+        if context is None or context.load_type != DefinitionsLoadType.RECONSTRUCTION:
+            return None
+        return context.reconstruction_metadata.get(key)
+
+    def hand_to_run_workers(self, key: str, value: str) -> None:
+        """Store `value` where run workers rebuild this code location from."""
+        if self._context is not None:
+            self._context.add_to_pending_reconstruction_metadata(key, value)
+
+
+@contextmanager
+def reconstruction(metadata: Mapping[str, str]) -> Iterator[None]:
+    """Load definitions as a run worker does, from `metadata` (tests, tools)."""
+    data = RepositoryLoadData(reconstruction_metadata={
+        k: CodeLocationReconstructionMetadataValue(v) for k, v in metadata.items()})
+    with DefinitionsLoadContext.scoped(
+        DefinitionsLoadContext(DefinitionsLoadType.RECONSTRUCTION, data)
+    ):
+        yield
+
+
+@contextmanager
+def initialization(pending: dict[str, str]) -> Iterator[None]:
+    """Load definitions as a code server does; `pending` receives what the load hands
+    to run workers (tests, tools)."""
+    context = DefinitionsLoadContext(DefinitionsLoadType.INITIALIZATION)
+    with DefinitionsLoadContext.scoped(context):
+        yield
+    pending.update(context.get_pending_reconstruction_metadata())
+
+
+def read_sensor_cursor(
+    instance: dg.DagsterInstance, sensor_name: str, location_name: str | None
+) -> str | None:
+    """The stored cursor of sensor `sensor_name` of `location_name` (None when unknown
+    or not one)."""
+    states = [
+        s for s in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
+        if s.name == sensor_name and (
+            location_name is None
+            or s.origin.repository_origin.code_location_origin.location_name == location_name
+        )
+    ]
+    if len(states) != 1:
+        return None
+    return getattr(states[0].instigator_data, "cursor", None)
+
+
+def stop_schedule_states(instance: dg.DagsterInstance, name: str) -> int:
+    """Stop every running stored state of schedule `name`; how many were stopped."""
+    stopped = 0
+    for state in instance.all_instigator_state(instigator_type=InstigatorType.SCHEDULE):
+        if state.name == name and state.status == InstigatorStatus.RUNNING:
+            instance.update_instigator_state(state.with_status(InstigatorStatus.STOPPED))
+            stopped += 1
+    return stopped
+
+
+def forget_defs_state_storage() -> None:
+    """Forget the instance whose definitions state storage Dagster keeps in a context
+    variable: a test's instance, gone since, would make the next definitions load fail
+    ("undefined DagsterInstance weakref")."""
+    from dagster._core.storage.defs_state.base import _current_storage
+
+    _current_storage.set(None)
