@@ -18,6 +18,7 @@ install: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check oaipmh_dagster oaipmh_dagster_tests benchmarks
+	$(BIN)/mypy
 
 # Debian's Chromium for the browser tests (never a downloaded browser); without it,
 # and without root to install it, the browser tests skip with a reason.
@@ -26,6 +27,7 @@ chromium:
 
 test: $(STAMP) chromium
 	$(BIN)/ruff check oaipmh_dagster oaipmh_dagster_tests benchmarks
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 demo: $(STAMP)

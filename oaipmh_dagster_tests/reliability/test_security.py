@@ -30,8 +30,8 @@ from oaipmh_dagster.registry import Harvester, InvalidHarvester, Registry, harve
 from oaipmh_dagster.rows import write_page
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.helpers import add_harvester, expected_snapshot
-from oaipmh_dagster_tests.reliability.conftest import FAST
 from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
+from oaipmh_dagster_tests.reliability.conftest import FAST
 from oaipmh_dagster_tests.reliability.conftest import harvester as _h
 
 VERBS = ("Identify", "ListMetadataFormats", "ListSets", "ListIdentifiers", "ListRecords",
