@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -58,6 +61,11 @@ def pg_database() -> Iterator[str]:
     url = sa.engine.make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
     yield url
     db.dispose_all()
+    drop_database(admin, name)
+
+
+def drop_database(admin: sa.Engine, name: str) -> None:
+    """End the connections to a test database and drop it."""
     with admin.connect() as conn:
         conn.execute(sa.text(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"
@@ -123,3 +131,61 @@ def fixtures_dir() -> Path:
     if not FIXTURES.is_dir():
         pytest.skip(f"third-party fixtures not found at {FIXTURES}")
     return FIXTURES
+
+
+# -- the command in this process --------------------------------------------------------
+
+ERROR = "oaipmh-dagster: error: "
+
+
+@dataclass
+class Result:
+    """Exit code, stdout and stderr of one command."""
+
+    code: int
+    out: str
+    err: str
+
+    @property
+    def error_line(self) -> str:
+        """The single error line (fails when stderr holds anything else)."""
+        lines = self.err.splitlines()
+        assert len(lines) == 1, f"expected one line on stderr, got {self.err!r}"
+        assert lines[0].startswith(ERROR), lines[0]
+        assert "Traceback" not in self.err
+        return lines[0]
+
+
+@pytest.fixture
+def run(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+    """The `oaipmh-dagster` command in this process."""
+    from oaipmh_dagster import cli
+
+    def call(*argv: str) -> Result:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as done:
+            cli.main(list(argv))
+        out = capsys.readouterr()
+        code = done.value.code
+        return Result(0 if code is None else int(code), out.out, out.err)
+
+    return call
+
+
+@pytest.fixture
+def closed_port_url() -> str:
+    """A loopback URL nothing listens on."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return f"http://127.0.0.1:{port}/oai"
+
+
+@pytest.fixture
+def instance() -> Iterator[Any]:
+    """A throwaway Dagster instance (in-process runs, sensor ticks)."""
+    import dagster as dg
+
+    with dg.instance_for_test() as inst:
+        yield inst

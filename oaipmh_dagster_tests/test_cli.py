@@ -5,52 +5,21 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 import sqlalchemy as sa
 
-from oaipmh_dagster import cli, db
+from oaipmh_dagster import db
 from oaipmh_dagster.demo.dataset import make_dataset
 from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.registry import Harvester, Registry
 from oaipmh_dagster.rows import write_page
 from oaipmh_dagster.store import Store
+from oaipmh_dagster_tests.conftest import Result
 from oaipmh_dagster_tests.test_registry import JSON_KEYS
 from oaipmh_dagster_tests.test_store import rec, title_of
-
-ERROR = "oaipmh-dagster: error: "
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    @property
-    def error_line(self) -> str:
-        """The single error line (fails when stderr holds anything else)."""
-        lines = self.err.splitlines()
-        assert len(lines) == 1, f"expected one line on stderr, got {self.err!r}"
-        assert lines[0].startswith(ERROR), lines[0]
-        return lines[0]
-
-
-@pytest.fixture
-def run(capsys: pytest.CaptureFixture[str]):
-    def call(*argv: str) -> Result:
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as done:
-            cli.main(list(argv))
-        out = capsys.readouterr()
-        code = done.value.code
-        return Result(0 if code is None else code, out.out, out.err)
-
-    return call
 
 
 @pytest.fixture(scope="module")
@@ -58,15 +27,6 @@ def server() -> Iterator[OAIServer]:
     srv = OAIServer(make_dataset(23, seed=7), page_size=5).start()
     yield srv
     srv.stop()
-
-
-@pytest.fixture
-def closed_port_url() -> str:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return f"http://127.0.0.1:{port}/oai"
 
 
 def registry() -> Registry:

@@ -11,47 +11,14 @@ import socket
 import sqlite3
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from oaipmh_dagster import cli, db
+from oaipmh_dagster import db
 from oaipmh_dagster.registry import Harvester, Registry
-from oaipmh_dagster_tests.conftest import REPO_ROOT
-
-ERROR = "oaipmh-dagster: error: "
-
-
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-    @property
-    def error_line(self) -> str:
-        """The single error line (fails when stderr holds anything else)."""
-        lines = self.err.splitlines()
-        assert len(lines) == 1, f"expected one line on stderr, got {self.err!r}"
-        assert lines[0].startswith(ERROR), lines[0]
-        assert "Traceback" not in self.err
-        return lines[0]
-
-
-@pytest.fixture
-def run(capsys: pytest.CaptureFixture[str]):
-    """The command in this process."""
-    def call(*argv: str) -> Result:
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as done:
-            cli.main(list(argv))
-        out = capsys.readouterr()
-        code = done.value.code
-        return Result(0 if code is None else code, out.out, out.err)
-
-    return call
+from oaipmh_dagster_tests.conftest import ERROR, REPO_ROOT, Result
 
 
 def run_process(*argv: str, timeout: float = 120) -> Result:
@@ -60,15 +27,6 @@ def run_process(*argv: str, timeout: float = 120) -> Result:
                           capture_output=True, text=True, timeout=timeout, env=os.environ.copy(),
                           check=False)
     return Result(done.returncode, done.stdout, done.stderr)
-
-
-@pytest.fixture
-def closed_port_url() -> str:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return f"http://127.0.0.1:{port}/oai"
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from dagster._core.instance.config import dagster_instance_config
 from dagster._serdes.config_class import class_from_code_pointer
 from dagster._utils import convert_dagster_submodule_name
 
-from oaipmh_dagster_tests.conftest import PG_URL, REPO_ROOT, require_postgres
+from oaipmh_dagster_tests.conftest import PG_URL, REPO_ROOT, drop_database, require_postgres
 
 DEPLOY = REPO_ROOT / "deploy"
 PG_ENV = ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_DB", "DAGSTER_PG_USER",
@@ -191,12 +191,7 @@ def fresh_pg(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     try:
         yield name
     finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"
-            ), {"n": name})
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
-        admin.dispose()
+        drop_database(admin, name)
 
 
 @dg.op

@@ -29,12 +29,6 @@ def server():  # noqa: ANN201
         yield srv
 
 
-@pytest.fixture
-def instance():  # noqa: ANN201
-    with dg.instance_for_test() as inst:
-        yield inst
-
-
 def _defs(h: Harvester) -> dg.Definitions:
     return build_definitions([h], LOCATION)
 

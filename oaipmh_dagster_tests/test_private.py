@@ -15,6 +15,7 @@ from oaipmh_dagster.dagster_parts import _private
 from oaipmh_dagster.dagster_parts.assets import _harvest_op, build_harvester_assets
 from oaipmh_dagster.definitions import defs
 from oaipmh_dagster.registry import Harvester
+from oaipmh_dagster_tests.instigators import start_sensor
 
 PACKAGE = Path(__file__).resolve().parents[1] / "oaipmh_dagster"
 
@@ -82,30 +83,11 @@ def test_load_context_hands_rows_to_run_workers_and_reads_them_back(sqlite_url: 
 
 
 def test_read_sensor_cursor_of_a_started_sensor(sqlite_url: str) -> None:
-    from dagster._core.remote_origin import (
-        InProcessCodeLocationOrigin,
-        LoadableTargetOrigin,
-        RemoteInstigatorOrigin,
-        RemoteRepositoryOrigin,
-    )
-    from dagster._core.scheduler.instigation import (
-        InstigatorState,
-        InstigatorStatus,
-        InstigatorType,
-        SensorInstigatorData,
-    )
-
     with dg.instance_for_test() as instance:
         assert _private.read_sensor_cursor(instance, SENSOR_NAME, "here") is None
         for location, cursor in (("here", '{"since": {"a": "2024-01-01"}}'),
                                  ("elsewhere", '{"since": {}}')):
-            origin = RemoteInstigatorOrigin(RemoteRepositoryOrigin(
-                InProcessCodeLocationOrigin(LoadableTargetOrigin(
-                    module_name="oaipmh_dagster.definitions"), location_name=location),
-                "__repository__"), SENSOR_NAME)
-            instance.add_instigator_state(InstigatorState(
-                origin, InstigatorType.SENSOR, InstigatorStatus.RUNNING,
-                SensorInstigatorData(cursor=cursor)))
+            start_sensor(instance, SENSOR_NAME, location, cursor)
         assert _private.read_sensor_cursor(instance, SENSOR_NAME, "here") == (
             '{"since": {"a": "2024-01-01"}}')
         assert _private.read_sensor_cursor(instance, SENSOR_NAME, None) is None  # two

@@ -67,12 +67,6 @@ def reconcile_meta(meta: dict) -> dict:
 
 
 @pytest.fixture
-def instance():  # noqa: ANN201
-    with dg.instance_for_test() as inst:
-        yield inst
-
-
-@pytest.fixture
 def offset_server():  # noqa: ANN201
     ds = make_dataset(100, seed=11, deleted_ratio=0.0)
     ds.deleted_record = "no"

@@ -14,6 +14,7 @@ import pytest
 
 from oaipmh_dagster import cli, reload
 from oaipmh_dagster_tests.helpers import add_harvester
+from oaipmh_dagster_tests.instigators import start_schedule
 
 
 class _FakeWebserver(BaseHTTPRequestHandler):
@@ -89,27 +90,9 @@ def _schedule_status(name: str) -> str | None:
 def test_remove_without_webserver_stops_a_started_schedule(
     sqlite_url: str, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from dagster._core.remote_origin import (
-        InProcessCodeLocationOrigin,
-        LoadableTargetOrigin,
-        RemoteInstigatorOrigin,
-        RemoteRepositoryOrigin,
-    )
-    from dagster._core.scheduler.instigation import (
-        InstigatorState,
-        InstigatorStatus,
-        InstigatorType,
-        ScheduleInstigatorData,
-    )
-
     h = add_harvester("sched", "http://127.0.0.1:9/oai", cron="0 3 * * *", enabled=False)
-    origin = RemoteInstigatorOrigin(RemoteRepositoryOrigin(InProcessCodeLocationOrigin(
-        LoadableTargetOrigin(module_name="oaipmh_dagster.definitions"),
-        location_name="oaipmh_dagster"), "__repository__"), h.job_name)
     with dg.DagsterInstance.get() as instance:
-        instance.add_instigator_state(InstigatorState(
-            origin, InstigatorType.SCHEDULE, InstigatorStatus.RUNNING,
-            ScheduleInstigatorData(h.cron or "", start_timestamp=None)))
+        start_schedule(instance, h.job_name, "oaipmh_dagster", h.cron or "")
     assert _schedule_status(h.job_name) == "RUNNING"
     with pytest.raises(SystemExit) as exit_:
         cli.main(["harvester", "remove", "sched", "--yes"])

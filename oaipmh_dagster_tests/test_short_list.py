@@ -55,12 +55,6 @@ def server():  # noqa: ANN201
         yield srv
 
 
-@pytest.fixture
-def instance():  # noqa: ANN201
-    with dg.instance_for_test() as inst:
-        yield inst
-
-
 def cut_to_twenty(server: OAIServer) -> None:
     """From page 3 on, the server holds only its first 20 records: the list announced 40
     on its first page and ends after 20."""

@@ -26,6 +26,7 @@ from oaipmh_dagster.oai import Granularity
 from oaipmh_dagster.registry import Harvester, Registry
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.helpers import add_harvester, expected_snapshot
+from oaipmh_dagster_tests.instigators import start_sensor
 from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 
 LOCATION = "oaipmh_dagster"
@@ -39,12 +40,6 @@ def server():  # noqa: ANN201
     with OAIServer(ds, page_size=100) as srv:
         srv.clock = lambda: T1
         yield srv
-
-
-@pytest.fixture
-def instance():  # noqa: ANN201
-    with dg.instance_for_test() as inst:
-        yield inst
 
 
 def run_job(h: Harvester, instance: dg.DagsterInstance, config: dict | None = None,
@@ -401,29 +396,10 @@ def test_malformed_cursor_is_reported_and_ignored(database_url: str, server: OAI
 
 
 def test_cursor_edited_during_a_tick_is_kept(sqlite_url: str, server: OAIServer) -> None:
-    from dagster._core.remote_origin import (
-        InProcessCodeLocationOrigin,
-        LoadableTargetOrigin,
-        RemoteInstigatorOrigin,
-        RemoteRepositoryOrigin,
-    )
-    from dagster._core.scheduler.instigation import (
-        InstigatorState,
-        InstigatorStatus,
-        InstigatorType,
-        SensorInstigatorData,
-    )
-
     h = add_harvester("j", server.base_url)
     with dg.instance_for_test() as instance:
-        origin = RemoteInstigatorOrigin(RemoteRepositoryOrigin(InProcessCodeLocationOrigin(
-            LoadableTargetOrigin(module_name="oaipmh_dagster.definitions"),
-            location_name=LOCATION),
-            "__repository__"), SENSOR_NAME)
         edited = json.dumps({"since": {"j": "2024-01-01"}, "published": {}})
-        instance.add_instigator_state(InstigatorState(
-            origin, InstigatorType.SENSOR, InstigatorStatus.RUNNING,
-            SensorInstigatorData(cursor=edited)))
+        start_sensor(instance, SENSOR_NAME, LOCATION, edited)
         sensor = build_definitions([h], LOCATION).get_repository_def().get_sensor_def(
             SENSOR_NAME)
         ctx = dg.build_sensor_context(instance=instance, cursor='{"since": {}}')

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 import yaml
 
 from oaipmh_dagster import db
-from oaipmh_dagster_tests.conftest import PG_URL, REPO_ROOT, require_postgres
+from oaipmh_dagster_tests.conftest import PG_URL, REPO_ROOT, drop_database, require_postgres
 
 LOCATION = "oaipmh_dagster"
 REPOSITORY = "__repository__"
@@ -74,12 +74,7 @@ def _postgres_storage(home: Path) -> Storage:
     url = sa.engine.make_url(PG_URL).set(database=name)
 
     def drop() -> None:
-        with admin.connect() as conn:
-            conn.execute(sa.text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"
-            ), {"n": name})
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
-        admin.dispose()
+        drop_database(admin, name)
 
     config = {
         "postgres_db": {
