@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from oaipmh_dagster.errors import OAIPMHDagsterError
 from oaipmh_dagster.flat import flatten
 from oaipmh_dagster.store import Store
 
@@ -35,7 +36,7 @@ def _batches(store: Store, harvester_id: str) -> Iterator[list[dict[str, Any]]]:
         yield batch
 
 
-class ExportError(Exception):
+class ExportError(OAIPMHDagsterError):
     """The export could not be written (a regular file at the destination is untouched)."""
 
 

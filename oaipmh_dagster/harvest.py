@@ -17,6 +17,7 @@ from typing import Any, TypedDict, Unpack
 
 from oaipmh_dagster import __version__, incremental
 from oaipmh_dagster import reconcile as reconcile_mod
+from oaipmh_dagster.errors import OAIPMHDagsterError
 from oaipmh_dagster.oai import (
     BadResumptionToken,
     ClientOptions,
@@ -55,7 +56,7 @@ GETRECORD_BATCH = 100
 LOG_EVERY = 2.0
 
 
-class HarvestError(RuntimeError):
+class HarvestError(OAIPMHDagsterError, RuntimeError):
     """A harvest could not complete; committed pages stay valid."""
 
 

@@ -33,6 +33,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
 
 from oaipmh_dagster import db
+from oaipmh_dagster.errors import OAIPMHDagsterError
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ IsStale = Callable[[str | None], bool]
 KEEP: Any = object()  # `fence`: leave the checkpoint as it is
 
 
-class StoreError(RuntimeError):
+class StoreError(OAIPMHDagsterError, RuntimeError):
     """The store refused an operation."""
 
 

@@ -14,12 +14,13 @@ from datetime import datetime
 from typing import Any
 
 from oaipmh_dagster import incremental
+from oaipmh_dagster.errors import OAIPMHDagsterError
 from oaipmh_dagster.oai import Granularity, Identify, format_datestamp, parse_user_datetime
 from oaipmh_dagster.registry import SET_SPEC_PATTERN, Harvester
 from oaipmh_dagster.windows import Window, WindowState
 
 
-class PlanError(RuntimeError):
+class PlanError(OAIPMHDagsterError, RuntimeError):
     """The run's options cannot make a harvest (bad input: nothing was harvested)."""
 
 

@@ -7,10 +7,12 @@ from typing import cast
 
 from lxml import etree
 
+from oaipmh_dagster.errors import OAIPMHDagsterError
+
 _Element = etree._Element
 
 
-class TransformError(ValueError):
+class TransformError(OAIPMHDagsterError, ValueError):
     """A record could not be transformed, or a transformer could not be resolved.
 
     ``type`` is a short machine-readable category (``xml_syntax``,

@@ -1,0 +1,31 @@
+"""Every exception the package raises to its callers has one root."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+
+import oaipmh_dagster
+from oaipmh_dagster.errors import OAIPMHDagsterError
+
+# Internal signals that never leave their module (the demo server's protocol answer, the
+# transport's deadline inside httpx, the window workers' stop) and the CLI's click exceptions.
+EXEMPT = {"oaipmh_dagster.demo.protocol.OAIError", "oaipmh_dagster.oai._deadline.DeadlineExceeded",
+          "oaipmh_dagster.cli.UsageProblem", "oaipmh_dagster.cli.Failure",
+          "oaipmh_dagster.parallel._Stop"}
+
+
+def test_every_package_exception_is_under_the_root() -> None:
+    stray = []
+    for info in pkgutil.walk_packages(oaipmh_dagster.__path__, "oaipmh_dagster."):
+        if ".migrations" in info.name:
+            continue
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if (inspect.isclass(obj) and issubclass(obj, BaseException)
+                    and obj.__module__ == module.__name__
+                    and f"{obj.__module__}.{name}" not in EXEMPT
+                    and not issubclass(obj, OAIPMHDagsterError)):
+                stray.append(f"{obj.__module__}.{name}")
+    assert stray == []
