@@ -294,11 +294,12 @@ def definitions(args: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     import dagster as dg
 
-    from oaipmh_dagster.definitions import build_definitions
+    from oaipmh_dagster.definitions import build_definitions, freeze_long_lived
 
     imported = time.perf_counter() - t0
     rows = harvesters(int(args["n"]))
     t0 = time.perf_counter()
+    freeze_long_lived()  # as the code location's entry point does
     defs = build_definitions(rows, "oaipmh_dagster")
     built = time.perf_counter() - t0
     t0 = time.perf_counter()

@@ -5,6 +5,7 @@ run that was launched against it."""
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import warnings
@@ -22,7 +23,7 @@ from oaipmh_dagster.dagster_parts.schedules import build_schedule
 from oaipmh_dagster.dagster_parts.sensors import build_since_sensor
 from oaipmh_dagster.registry import Harvester, InvalidRow, Registry, harvester_table
 
-__all__ = ["ROWS_KEY", "build_definitions", "defs", "load_harvesters"]
+__all__ = ["ROWS_KEY", "build_definitions", "defs", "freeze_long_lived", "load_harvesters"]
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +64,21 @@ def build_definitions(
     )
 
 
+def freeze_long_lived() -> None:
+    """Move the objects alive now (modules, classes, functions: Dagster alone brings
+    about 450,000) out of the garbage collector's sight for the process's lifetime.
+    Each full collection while the definitions are built, validated and snapshotted
+    would otherwise walk them all again: at 1,000 harvesters one more or one fewer
+    such collection moved the load time by 0.2 s. Once per process."""
+    if not gc.get_freeze_count():
+        gc.collect()
+        gc.freeze()
+
+
 @dg.definitions
 def defs() -> dg.Definitions:
     """Entry point of the code location (workspace.yaml: module oaipmh_dagster.definitions)."""
+    freeze_long_lived()
     context = LoadContext()
     stored = context.reconstructed(ROWS_KEY)
     if stored is not None:
