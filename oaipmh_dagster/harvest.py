@@ -19,7 +19,6 @@ from oaipmh_dagster import __version__, incremental
 from oaipmh_dagster import reconcile as reconcile_mod
 from oaipmh_dagster.errors import OAIPMHDagsterError
 from oaipmh_dagster.oai import (
-    BadResumptionToken,
     ClientOptions,
     Granularity,
     IdDoesNotExist,
@@ -534,23 +533,19 @@ def _list_pages(
     """The harvest's ListRecords pages, each with the set it belongs to, from the
     plan's resume point when it has one."""
     sets: list[str | None] = list(plan.sets) or [None]
-    first = 0
+    first, token = 0, None
     point = plan.resume
     if point is not None:
-        first = sets.index(point.set_spec)
+        first, token = sets.index(point.set_spec), point.token
         logger.info("resuming the interrupted harvest after page %s (%s records) with token %r",
                     point.pages, point.records, point.token)
-        try:
-            for page in client.iter_pages("ListRecords", resumption_token=point.token):
-                yield point.set_spec, page
-            first += 1
-        except BadResumptionToken:
-            logger.warning("the checkpoint's resumption token is no longer accepted: "
-                           "restarting the list from its original arguments")
     for set_spec in sets[first:]:
+        # A rejected checkpoint token restarts the list from these arguments (the client).
         for page in client.iter_pages("ListRecords", metadata_prefix=h.metadata_prefix,
-                                      set_spec=set_spec, from_=plan.since, until=plan.until):
+                                      set_spec=set_spec, from_=plan.since, until=plan.until,
+                                      resumption_token=token):
             yield set_spec, page
+        token = None
 
 
 def _get_records(client: OAIClient, h: Harvester, identifiers: list[str]) -> Iterator[Page]:

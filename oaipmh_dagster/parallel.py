@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from oaipmh_dagster.oai import BadResumptionToken, Granularity, OAIClient, Page
+from oaipmh_dagster.oai import Granularity, OAIClient, Page
 from oaipmh_dagster.windows import WindowState, split
 
 SPLIT_PAGES = 10
@@ -61,20 +61,15 @@ def harvest_windows(
         raise _Stop
 
     def run_unit(u: WindowState) -> None:
+        """Page through `u` (from its checkpointed token, if any: the client restarts the
+        window from its bounds when the server rejects it); the window's first page,
+        before any other went out, may split it instead."""
         start_from, end = u.window.bounds(granularity)
-        resumed = u.token is not None
-        if resumed:
-            try:
-                for page in client.iter_pages("ListRecords", resumption_token=u.token):
-                    put(Event(u, page=page))
-                    if stop.is_set():
-                        raise _Stop
-                return
-            except BadResumptionToken:
-                logger.warning(f"window {u.key}: its checkpointed token expired; restarting it")
         first = True
         for page in client.iter_pages("ListRecords", metadata_prefix=metadata_prefix,
-                                      set_spec=u.window.set_spec, from_=start_from, until=end):
+                                      set_spec=u.window.set_spec, from_=start_from, until=end,
+                                      resumption_token=u.token):
+            first = first and "resumptionToken" not in page.params
             if first and page.token and u.depth < MAX_DEPTH:
                 pieces = _pieces(page, split_pages, u.depth, workers)
                 if pieces > 1:

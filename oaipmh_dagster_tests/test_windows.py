@@ -103,3 +103,28 @@ def test_failed_window_run_resumes_only_unfinished(sqlite_url: str) -> None:
         for key in done:
             _, start, end = key.split("|")
             assert (start, end) not in asked
+
+
+def test_window_resume_with_expired_tokens_restarts_the_windows(sqlite_url: str) -> None:
+    """The checkpointed windows' tokens expired: each unfinished window starts again from
+    its own from/until, and the store ends up equal to the server's data."""
+    ds = make_dataset(3000, seed=2)
+    with OAIServer(ds, page_size=100) as srv:
+        h = Harvester(id="w", base_url=srv.base_url, metadata_prefix="oai_dc", max_parallel=2)
+        store = Store()
+        srv.faults.add("malformed", verb="ListRecords", when=lambda r: r.number >= 26,
+                       times=None)
+        with pytest.raises(OAIError):
+            harvest(h, store, run_id="r1", options=ClientOptions(max_parallel=2, **FAST))
+        cp = store.state("w")["checkpoint"]
+        tokens = {v["token"] for v in cp["windows"].values() if v["token"]}
+        assert tokens
+        srv.faults.clear()
+        srv.expire_tokens()
+        srv.clear_log()
+        stats = harvest(h, store, run_id="r2", options=ClientOptions(max_parallel=2, **FAST))
+        assert stats.mode == "resumed"
+        assert store.snapshot("w") == expected_snapshot(ds)
+        asked = {r.params["resumptionToken"][0] for r in srv.requests
+                 if "resumptionToken" in r.params}
+        assert tokens <= asked  # each tried once, refused, then the window restarted

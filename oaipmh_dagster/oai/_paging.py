@@ -37,11 +37,15 @@ def follow_tokens(
     max_empty_pages: int,
     can_restart: bool = True,
 ) -> Iterator[tuple[T, ResumptionToken | None]]:
-    """Follow resumptionTokens: loop detection, empty pages, one restart on a bad token."""
+    """Follow resumptionTokens: loop detection, empty pages, one restart on a bad token.
+
+    `start_token` starts mid-list (a checkpoint's token); when the server rejects it, or
+    any later token, the list restarts once from `args` (unless `can_restart` is False)."""
     token = start_token
     loops = LoopDetector()
     empty = 0
     restarted = False
+    first = True
     while True:
         params = {"verb": verb, "resumptionToken": token} if token else args
         try:
@@ -57,12 +61,15 @@ def follow_tokens(
             if not token or restarted or not can_restart:
                 raise
             restarted = True
+            whose = "the checkpoint's resumptionToken" if first else "resumptionToken"
             log.warning(
-                f"resumptionToken {token!r} rejected ({exc.server_message or 'badResumptionToken'}); "
+                f"{whose} {token!r} was rejected "
+                f"({exc.server_message or 'badResumptionToken'}); "
                 f"restarting the list from its original arguments at {url_for(args)}"
             )
             token, loops, empty = None, LoopDetector(), 0
             continue
+        first = False
         yield item, rt
         if rt is None or not rt.token:
             return

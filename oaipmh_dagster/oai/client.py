@@ -196,8 +196,9 @@ class OAIClient:
         """The pages of a ListRecords or ListIdentifiers list, fetched lazily.
 
         ``from_``/``until`` objects are formatted at the Identify granularity; strings go
-        as they are. ``resumption_token`` starts mid-list (to resume a checkpoint); with
-        the original arguments too, an expired token can restart the list.
+        as they are. ``resumption_token`` starts mid-list (to resume a checkpoint); given
+        with the list's original arguments, a token the server rejects (this one or a
+        later one) restarts the list from those arguments, once.
         """
         if verb not in LIST_VERBS:
             raise ValueError(f"iter_pages serves {' and '.join(LIST_VERBS)}, not {verb!r}")

@@ -354,6 +354,43 @@ def test_iter_pages_resumes_from_a_checkpointed_token():
     assert [r.identifier for p in rest for r in p.records] == ["b", "c"]
 
 
+def test_iter_pages_restarts_when_the_start_token_is_rejected(caplog):
+    """A checkpoint's token the server no longer accepts: the list starts again from its
+    original arguments, once, with a warning naming the checkpoint."""
+
+    def extra(params):
+        if params.get("resumptionToken") == "old":
+            return httpx.Response(422, content=error_xml("badResumptionToken", "expired"))
+        return None
+
+    pages = {None: list_records_xml(["a"], "t1"), "t1": list_records_xml(["b"])}
+    client, server, _ = client_for(chain_route(pages, extra=extra))
+    with caplog.at_level(logging.WARNING):
+        got = list(client.iter_pages("ListRecords", metadata_prefix="oai_dc", set_spec="s",
+                                     from_="2020-01-01", until="2020-12-31",
+                                     resumption_token="old"))
+    assert [r.identifier for p in got for r in p.records] == ["a", "b"]
+    assert [p.get("resumptionToken") for p in server.params] == ["old", None, "t1"]
+    assert server.params[1] == {"verb": "ListRecords", "metadataPrefix": "oai_dc", "set": "s",
+                                "from": "2020-01-01", "until": "2020-12-31"}
+    assert "checkpoint's resumptionToken 'old' was rejected" in caplog.text
+
+
+def test_iter_pages_start_token_rejected_twice_fails():
+    """The restarted list's token is refused too: the one restart is spent."""
+
+    def extra(params):
+        if params.get("resumptionToken") in ("old", "t1"):
+            return error_xml("badResumptionToken", "expired")
+        return None
+
+    pages = {None: list_records_xml(["a"], "t1")}
+    client, _, _ = client_for(chain_route(pages, extra=extra))
+    with pytest.raises(BadResumptionToken) as info:
+        list(client.iter_pages("ListRecords", metadata_prefix="oai_dc", resumption_token="old"))
+    assert info.value.token == "t1"
+
+
 def _endless_route(n_pages: int):
     def route(params):
         if params["verb"] == "Identify":
