@@ -26,6 +26,7 @@ from oaipmh_dagster.oai import (
     Page,
     format_datestamp,
 )
+from oaipmh_dagster.oai.client import drop_seen
 from oaipmh_dagster.parallel import harvest_windows
 from oaipmh_dagster.plan import (
     Checkpoint,
@@ -405,7 +406,8 @@ def _pages(
     client: OAIClient, h: Harvester, plan: Plan, stats: HarvestStats, logger: Any
 ) -> Iterator[tuple[Page, Checkpoint | None]]:
     """The plan's pages, each with the checkpoint to save with it; records already
-    delivered by another set's list are dropped (the one place sets are de-duplicated)."""
+    delivered by another set's list are dropped (the harvest's sets are de-duplicated
+    here only, with the client's `drop_seen`)."""
     if plan.oai_ids:
         return ((p, None) for p in _get_records(client, h, list(plan.oai_ids)))
     if plan.windowed:
@@ -422,16 +424,7 @@ def _distinct(
     several of the harvested sets); `page.duplicates_dropped` counts them."""
     seen: set[str] = set()
     for page, cp in pages:
-        kept = []
-        for record in page.records:
-            identifier = record.header.identifier
-            if identifier in seen:
-                page.duplicates_dropped += 1
-            else:
-                seen.add(identifier)
-                kept.append(record)
-        page.records = kept
-        yield page, cp
+        yield drop_seen(page, seen), cp
 
 
 def _decide_next_since(

@@ -41,11 +41,27 @@ from .parse import (
     read_envelope,
 )
 
-__all__ = ["LIST_VERBS", "OAIClient"]
+__all__ = ["LIST_VERBS", "OAIClient", "drop_seen"]
 
 T = TypeVar("T")
 
 LIST_VERBS = ("ListRecords", "ListIdentifiers")
+
+
+def drop_seen(page: Page, seen: set[str]) -> Page:
+    """`page` without the records whose identifier is in `seen` (a record that several
+    sets' lists deliver), counted in ``page.duplicates_dropped``; the identifiers it
+    keeps join `seen`. The one de-duplication across lists, for whoever walks several."""
+    kept = []
+    for record in page.records:
+        identifier = record.header.identifier
+        if identifier in seen:
+            page.duplicates_dropped += 1
+        else:
+            seen.add(identifier)
+            kept.append(record)
+    page.records = kept
+    return page
 
 
 class OAIClient:
@@ -292,7 +308,7 @@ class OAIClient:
         """Pages of one or several sets, one set after another.
 
         With several sets, a record already yielded in an earlier set is dropped from
-        later pages (``page.duplicates_dropped`` counts them).
+        later pages (`drop_seen`; ``page.duplicates_dropped`` counts them).
         """
         verb = "ListIdentifiers" if identifiers_only else "ListRecords"
         from_text, until_text = self._format_time(from_), self._format_time(until)
@@ -306,16 +322,7 @@ class OAIClient:
                 from_=from_text,
                 until=until_text,
             ):
-                if seen is not None:
-                    kept = []
-                    for record in page.records:
-                        if record.header.identifier in seen:
-                            page.duplicates_dropped += 1
-                        else:
-                            seen.add(record.header.identifier)
-                            kept.append(record)
-                    page.records = kept
-                yield page
+                yield page if seen is None else drop_seen(page, seen)
 
     def list_records(
         self,
