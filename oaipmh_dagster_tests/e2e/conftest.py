@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,7 +164,8 @@ class DagsterDev:
             self._instance = None
 
 
-def _ready(dev: DagsterDev) -> bool:
+def _ready(dev: DagsterDev, locations: Sequence[str] = (LOCATION,)) -> bool:
+    """Whether every one of `locations` is loaded (fails on a load error or an exit)."""
     if dev.process.poll() is not None:
         pytest.fail(f"dagster dev exited with {dev.process.returncode}\n{dev.log_tail()}")
     try:
@@ -176,14 +177,15 @@ def _ready(dev: DagsterDev) -> bool:
     except (httpx.HTTPError, ValueError):
         return False
     entries = data["workspaceOrError"].get("locationEntries") or []
+    loaded = set()
     for entry in entries:
-        if entry["name"] == LOCATION and entry["loadStatus"] == "LOADED":
+        if entry["name"] in locations and entry["loadStatus"] == "LOADED":
             error = entry["locationOrLoadError"]
             if error and error["__typename"] == "PythonError":
                 pytest.fail(f"code location failed to load: {error['message']}\n"
                             f"{dev.log_tail()}")
-            return True
-    return False
+            loaded.add(entry["name"])
+    return loaded == set(locations)
 
 
 def stop_process_group(process: subprocess.Popen, timeout: float = TERM_TIMEOUT) -> None:
@@ -225,25 +227,29 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path,
 
 
 @pytest.fixture
-def start_dagster_dev(storage: Storage, tmp_path: Path) -> Iterator[Callable[[], DagsterDev]]:
+def start_dagster_dev(storage: Storage, tmp_path: Path) -> Iterator[Callable[..., DagsterDev]]:
     """Start `dagster dev` on the session's storage (harvesters registered beforehand are
-    loaded); the finalizer always ends its process group, before the storage goes."""
+    loaded), optionally on another workspace file; the finalizer always ends its process
+    group, before the storage goes."""
     started: list[DagsterDev] = []
 
-    def start() -> DagsterDev:
+    def start(workspace: Path | None = None,
+              locations: Sequence[str] = (LOCATION,)) -> DagsterDev:
+        """Start it on `workspace` (the repository's workspace.yaml by default) and wait
+        until every one of `locations` is loaded."""
         port = free_port()
         log_path = tmp_path / f"dagster-dev-{port}.log"
         log = log_path.open("wb")
         dev = DagsterDev(storage, port, None, log_path)  # type: ignore[arg-type]
         dev.process = subprocess.Popen(
-            [str(DAGSTER), "dev", "-w", str(REPO_ROOT / "workspace.yaml"),
+            [str(DAGSTER), "dev", "-w", str(workspace or REPO_ROOT / "workspace.yaml"),
              "-h", "127.0.0.1", "-p", str(port)],
             cwd=str(tmp_path), env=dev.env(), stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )
         log.close()
         started.append(dev)
-        wait_for("dagster dev to serve the code location", lambda: _ready(dev),
+        wait_for("dagster dev to serve the code location", lambda: _ready(dev, locations),
                  STARTUP_TIMEOUT, on_timeout=dev.log_tail)
         return dev
 
