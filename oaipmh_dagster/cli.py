@@ -30,6 +30,7 @@ from oaipmh_dagster.registry import (
     validate_timezone,
     validate_url,
 )
+from oaipmh_dagster.shards import DEFAULT_LOCATION, MAX_SHARDS
 
 
 class UsageProblem(click.ClickException):
@@ -81,10 +82,11 @@ def _probe(url: str, prefix: str, timeout: float) -> str:
     return ident.repository_name
 
 
-def _reload() -> None:
+def _reload(harvester_id: str) -> None:
+    """Reload the code location that holds the harvester (its shard's, when sharded)."""
     from oaipmh_dagster.reload import reload_code_location
 
-    done, message = reload_code_location(timeout=60.0)
+    done, message = reload_code_location(timeout=300.0, harvester_id=harvester_id)
     click.echo(message if done else f"note: {message}", err=not done)
 
 
@@ -188,7 +190,7 @@ def harvester_add(harvester_id: str, url: str, prefix: str, sets: tuple[str, ...
         raise Failure(str(exc)) from exc
     click.echo(f"added harvester {h.id}: {h.base_url} ({h.metadata_prefix}); "
                f"job and schedule {h.job_name}")
-    _reload()
+    _reload(h.id)
 
 
 @harvester.command("update")
@@ -252,7 +254,7 @@ def harvester_update(harvester_id: str, sets: tuple[str, ...], all_sets: bool, n
         _forget_state(registry, harvester_id)
         click.echo("the URL, prefix or sets changed: the next harvest is a full one "
                    "(the remembered since belongs to the old selection)")
-    _reload()
+    _reload(harvester_id)
 
 
 @harvester.command("remove")
@@ -271,7 +273,7 @@ def harvester_remove(harvester_id: str, yes: bool, delete_records: bool) -> None
         h, label = None, f"{harvester_id} (stored with invalid values)"  # removable anyway
     if not yes and not _confirm(f"remove harvester {label}?"):
         raise Failure(f"harvester {harvester_id} not removed (confirm, or pass --yes)")
-    _stop_schedule(job_name(harvester_id))
+    _stop_schedule(job_name(harvester_id), harvester_id)
     registry.remove(harvester_id)
     _forget_state(registry, harvester_id)
     _publish_since(harvester_id, None, "harvester removed")
@@ -281,7 +283,7 @@ def harvester_remove(harvester_id: str, yes: bool, delete_records: bool) -> None
         n = Store(registry.engine).delete_harvester_records(harvester_id)
         click.echo(f"deleted {n} records of {harvester_id}")
     click.echo(f"removed harvester {harvester_id}")
-    _reload()
+    _reload(harvester_id)
 
 
 def _forget_state(registry: Registry, harvester_id: str) -> None:
@@ -317,12 +319,12 @@ def _confirm(question: str) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
-def _stop_schedule(name: str) -> None:
+def _stop_schedule(name: str, harvester_id: str) -> None:
     """Stop a harvester's schedule: through the running webserver (GraphQL), else in the
     instance itself (see dagster_parts/_private.py for why not `dagster schedule stop`)."""
     from oaipmh_dagster.reload import stop_schedule
 
-    done, message = stop_schedule(name, timeout=60.0)
+    done, message = stop_schedule(name, timeout=60.0, harvester_id=harvester_id)
     if done is None:
         try:
             from oaipmh_dagster.dagster_parts._private import stop_schedule_states
@@ -604,6 +606,42 @@ def export(harvester_id: str, fmt: str, output: str) -> None:
     except ExportError as exc:
         raise Failure(str(exc)) from exc
     click.echo(f"wrote {n} records of {harvester_id} to {output}", err=output == STDOUT)
+
+
+@cli.command()
+@click.option("--shards", default=1, show_default=True, type=click.IntRange(1, MAX_SHARDS),
+              help="Number of code locations to spread the harvesters over.")
+@click.option("--prefix", default=DEFAULT_LOCATION, show_default=True,
+              help="Code location names: PREFIX_shard_<i>_of_<K>.")
+@click.option("--grpc-port", type=click.IntRange(1, 65535),
+              help="Point at code servers started with `dagster code-server start` on "
+              "ports GRPC_PORT, GRPC_PORT+1, ... (the file's comments give the commands), "
+              "instead of letting the webserver start them.")
+@click.option("--grpc-host", default="127.0.0.1", show_default=True,
+              help="Host of those code servers.")
+@click.option("--sizes", is_flag=True,
+              help="Also say on stderr how many registered harvesters each location holds.")
+def workspace(shards: int, prefix: str, grpc_port: int | None, grpc_host: str,
+              sizes: bool) -> None:
+    """Print a workspace.yaml whose code locations hold every harvester exactly once.
+
+    A harvester's location follows from its id and the number of shards alone (a jump
+    consistent hash): adding one never moves another, and going from K to K+1 shards
+    moves about 1/(K+1) of them."""
+    from oaipmh_dagster.shards import shard_of, workspace_yaml
+
+    if not prefix.replace("_", "a").isalnum():
+        raise UsageProblem(f"--prefix {prefix!r}: use letters, digits and underscores")
+    if grpc_port is not None and grpc_port + shards - 1 > 65535:
+        raise UsageProblem(f"--grpc-port {grpc_port}: {shards} ports from there pass 65535")
+    click.echo(workspace_yaml(shards, prefix, grpc_host=grpc_host if grpc_port else None,
+                              grpc_port=grpc_port), nl=False)
+    if sizes:
+        counts = [0] * shards
+        for h in _registry().list():
+            counts[shard_of(h.id, shards)] += 1
+        click.echo(f"{sum(counts)} harvesters; per location: min {min(counts)}, "
+                   f"max {max(counts)}", err=True)
 
 
 @cli.command()

@@ -1,5 +1,5 @@
-"""The code location: one job, one schedule and three assets per registered harvester,
-plus the since sensor. Runs rebuild it from the rows stored in reconstruction metadata,
+"""The code location: one job, one schedule and three assets per registered harvester
+(of its shard, when its name names one: see `shards`), plus the since sensor. Runs rebuild it from the rows stored in reconstruction metadata,
 never from the registry, so a row changed or removed since the last load cannot break a
 run that was launched against it."""
 
@@ -22,6 +22,7 @@ from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
 from oaipmh_dagster.dagster_parts.schedules import build_schedule
 from oaipmh_dagster.dagster_parts.sensors import build_since_sensor
 from oaipmh_dagster.registry import Harvester, InvalidRow, Registry, harvester_table
+from oaipmh_dagster.shards import Shard
 
 __all__ = ["ROWS_KEY", "build_definitions", "defs", "freeze_long_lived", "load_harvesters"]
 
@@ -80,16 +81,21 @@ def defs() -> dg.Definitions:
     """Entry point of the code location (workspace.yaml: module oaipmh_dagster.definitions)."""
     freeze_long_lived()
     context = LoadContext()
+    location = context.location_name
     stored = context.reconstructed(ROWS_KEY)
     if stored is not None:
         harvesters = [Harvester.from_dict(d) for d in json.loads(stored)]
     else:
         harvesters = load_harvesters()
+        shard = Shard.of_location(location)
+        if shard is not None:
+            harvesters = [h for h in harvesters if shard.holds(h.id)]
+            log.info("code location %s holds %d harvesters (shard %d of %d)",
+                     location, len(harvesters), shard.index, shard.count)
     rows = json.dumps([h.to_dict() for h in harvesters], sort_keys=True)
     # Only the load context's pending metadata reaches the repository load data that run
     # workers are rebuilt from (`with_reconstruction_metadata` alone does not).
     context.hand_to_run_workers(ROWS_KEY, rows)
-    location = context.location_name
     built = build_definitions(harvesters, location)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.PreviewWarning)  # a documented Dagster API

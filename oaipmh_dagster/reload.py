@@ -1,4 +1,9 @@
-"""Ask a running Dagster webserver to reload this code location (GraphQL)."""
+"""Ask a running Dagster webserver (GraphQL) to reload the code location that holds a
+harvester, or to stop a harvester's schedule there.
+
+With sharded locations (`shards`), the location is the one whose shard holds the
+harvester, found among the webserver's locations: one shard reloads, not the deployment.
+`OAIPMH_DAGSTER_LOCATION` names the location instead (no lookup)."""
 
 from __future__ import annotations
 
@@ -6,10 +11,49 @@ import os
 
 import httpx
 
+from oaipmh_dagster.shards import DEFAULT_LOCATION, InvalidShard, Shard
+
 WEBSERVER_ENV = "OAIPMH_DAGSTER_WEBSERVER"
 LOCATION_ENV = "OAIPMH_DAGSTER_LOCATION"
 DEFAULT_WEBSERVER = "http://127.0.0.1:3000"
-DEFAULT_LOCATION = "oaipmh_dagster"
+
+LOCATIONS_QUERY = """
+{ workspaceOrError { __typename ... on Workspace { locationEntries { name } } } }
+"""
+
+
+def holding_location(names: list[str], harvester_id: str | None) -> str:
+    """Of the webserver's location `names`, the one that holds `harvester_id`: the shard
+    location whose shard holds it, else the default location (a single location
+    deployment), else the only location."""
+    shards = []
+    for name in names:
+        try:
+            shard = Shard.of_location(name)
+        except InvalidShard:
+            continue
+        if shard is not None:
+            shards.append((name, shard))
+    if harvester_id is not None:
+        for name, shard in shards:
+            if shard.holds(harvester_id):
+                return name
+    unsharded = [n for n in names if n not in {name for name, _ in shards}]
+    if DEFAULT_LOCATION in unsharded or not unsharded:
+        return DEFAULT_LOCATION
+    return unsharded[0] if len(unsharded) == 1 else DEFAULT_LOCATION
+
+
+def _location(client: httpx.Client, url: str, location: str | None,
+              harvester_id: str | None) -> str:
+    """The location named by the caller or the environment, else the one that holds
+    the harvester among the webserver's locations."""
+    named = location or os.environ.get(LOCATION_ENV)
+    if named:
+        return named
+    data = _graphql(client, url, LOCATIONS_QUERY, {})["workspaceOrError"]
+    return holding_location([e["name"] for e in data.get("locationEntries") or []],
+                            harvester_id)
 
 RELOAD_MUTATION = """
 mutation Reload($name: String!) {
@@ -25,24 +69,25 @@ mutation Reload($name: String!) {
 
 
 def reload_code_location(
-    url: str | None = None, location: str | None = None, timeout: float = 120.0
+    url: str | None = None, location: str | None = None, timeout: float = 120.0,
+    harvester_id: str | None = None,
 ) -> tuple[bool, str]:
-    """Reload the location; returns (done, message). Never raises."""
+    """Reload `location`, or the location that holds `harvester_id`; returns (done,
+    message). Never raises."""
     url = (url or os.environ.get(WEBSERVER_ENV) or DEFAULT_WEBSERVER).rstrip("/")
-    location = location or os.environ.get(LOCATION_ENV) or DEFAULT_LOCATION
-    hint = (f"reload the code location '{location}' in the Dagster UI (Deployment > Reload), "
-            f"or set {WEBSERVER_ENV} to the webserver's address")
+    target = location or os.environ.get(LOCATION_ENV) or DEFAULT_LOCATION
     try:
-        resp = httpx.post(f"{url}/graphql", json={"query": RELOAD_MUTATION,
-                                                   "variables": {"name": location}},
-                          timeout=httpx.Timeout(timeout, connect=2.0))
-        resp.raise_for_status()
-        result = resp.json()["data"]["reloadRepositoryLocation"]
+        with httpx.Client(timeout=httpx.Timeout(timeout, connect=2.0)) as client:
+            target = _location(client, url, location, harvester_id)
+            result = _graphql(client, url, RELOAD_MUTATION,
+                              {"name": target})["reloadRepositoryLocation"]
     except (httpx.HTTPError, KeyError, TypeError, ValueError):
-        return False, f"no Dagster webserver answered at {url}: {hint}"
+        return False, (f"no Dagster webserver answered at {url}: reload the code location "
+                       f"'{target}' in the Dagster UI (Deployment > Reload), or set "
+                       f"{WEBSERVER_ENV} to the webserver's address")
     if result.get("__typename") == "WorkspaceLocationEntry":
-        return True, f"reloaded code location '{location}' at {url}"
-    return False, f"reload of '{location}' at {url} failed: {result.get('message', result)}"
+        return True, f"reloaded code location '{target}' at {url}"
+    return False, f"reload of '{target}' at {url} failed: {result.get('message', result)}"
 
 
 SCHEDULE_QUERY = """
@@ -68,21 +113,23 @@ mutation Stop($id: String!) {
 
 
 def stop_schedule(
-    name: str, url: str | None = None, location: str | None = None, timeout: float = 30.0
+    name: str, url: str | None = None, location: str | None = None, timeout: float = 30.0,
+    harvester_id: str | None = None,
 ) -> tuple[bool | None, str]:
-    """Stop schedule `name` of the location through the webserver (GraphQL). Returns
-    (True, message) when stopped or not running, (False, message) when the webserver
-    refused, (None, message) when no webserver answered. Never raises."""
+    """Stop schedule `name` of `location` (or of the location that holds
+    `harvester_id`) through the webserver (GraphQL). Returns (True, message) when stopped
+    or not running, (False, message) when the webserver refused, (None, message) when no
+    webserver answered. Never raises."""
     url = (url or os.environ.get(WEBSERVER_ENV) or DEFAULT_WEBSERVER).rstrip("/")
-    location = location or os.environ.get(LOCATION_ENV) or DEFAULT_LOCATION
-    selector = {"repositoryLocationName": location, "repositoryName": "__repository__",
-                "scheduleName": name}
     try:
         with httpx.Client(timeout=httpx.Timeout(timeout, connect=2.0)) as client:
+            target = _location(client, url, location, harvester_id)
+            selector = {"repositoryLocationName": target, "repositoryName": "__repository__",
+                        "scheduleName": name}
             found = _graphql(client, url, SCHEDULE_QUERY, {"selector": selector})
             schedule = found["scheduleOrError"]
             if schedule.get("__typename") != "Schedule":
-                return True, f"no schedule {name} in '{location}' at {url}"
+                return True, f"no schedule {name} in '{target}' at {url}"
             if schedule["scheduleState"]["status"] != "RUNNING":
                 return True, f"schedule {name} is not running"
             result = _graphql(client, url, STOP_SCHEDULE_MUTATION,

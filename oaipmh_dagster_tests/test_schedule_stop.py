@@ -18,15 +18,19 @@ from oaipmh_dagster_tests.instigators import start_schedule
 
 
 class _FakeWebserver(BaseHTTPRequestHandler):
-    """Answers the two GraphQL documents `stop_schedule` sends, and records them."""
+    """Answers the GraphQL documents `stop_schedule` sends, and records them."""
 
     calls: list[dict[str, Any]] = []
     status = "RUNNING"
+    locations: list[str] = ["oaipmh_dagster"]
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).calls.append(body)
-        if "stopRunningSchedule" in body["query"]:
+        if "workspaceOrError" in body["query"]:
+            data = {"workspaceOrError": {"__typename": "Workspace", "locationEntries": [
+                {"name": name} for name in type(self).locations]}}
+        elif "stopRunningSchedule" in body["query"]:
             data = {"stopRunningSchedule": {"__typename": "ScheduleStateResult",
                                             "scheduleState": {"status": "STOPPED"}}}
         else:
@@ -47,6 +51,7 @@ class _FakeWebserver(BaseHTTPRequestHandler):
 def webserver() -> Iterator[str]:
     _FakeWebserver.calls = []
     _FakeWebserver.status = "RUNNING"
+    _FakeWebserver.locations = ["oaipmh_dagster"]
     server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeWebserver)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -70,8 +75,22 @@ def test_graphql_stops_a_running_schedule(webserver: str) -> None:
 
 def test_graphql_leaves_a_stopped_schedule_alone(webserver: str) -> None:
     _FakeWebserver.status = "STOPPED"
-    done, _ = reload.stop_schedule("harvest_oaipmh_records_a", url=webserver)
+    done, _ = reload.stop_schedule("harvest_oaipmh_records_a", url=webserver, location="loc")
     assert done is True and len(_FakeWebserver.calls) == 1
+
+
+def test_the_schedule_is_stopped_in_the_shard_that_holds_the_harvester(webserver: str) -> None:
+    from oaipmh_dagster.shards import Shard
+
+    names = [Shard(i, 4).location_name() for i in range(4)]
+    _FakeWebserver.locations = names
+    done, _ = reload.stop_schedule("harvest_oaipmh_records_a", url=webserver,
+                                   harvester_id="a")
+    assert done is True
+    lookup, query, _ = _FakeWebserver.calls
+    assert "workspaceOrError" in lookup["query"]
+    holder = next(n for n in names if Shard.of_location(n).holds("a"))  # type: ignore[union-attr]
+    assert query["variables"]["selector"]["repositoryLocationName"] == holder
 
 
 def test_no_webserver_is_reported_not_raised() -> None:

@@ -1,0 +1,108 @@
+"""Which code location holds a harvester when a deployment is split into K shards.
+
+A harvester belongs to shard `jump(blake2b(id), K)`: Lamping and Veach's jump consistent
+hash over a 64-bit BLAKE2b digest of its id. The shard depends on the id and K alone, so
+adding or removing a harvester never moves another, and going from K to K+1 shards moves
+only the 1/(K+1) of harvesters that the new shard takes (the fewest any scheme can move).
+
+A shard is named by its code location: a location whose name ends in `shard_<i>_of_<K>`
+(0 <= i < K) holds shard i of K; any other name holds every harvester. The same module
+(`oaipmh_dagster.definitions`) serves every shard, so `workspace.yaml` entries differ
+only in their location names. No Dagster import here."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from oaipmh_dagster.errors import OAIPMHDagsterError
+
+__all__ = ["DEFAULT_LOCATION", "MAX_SHARDS", "InvalidShard", "Shard", "location_names",
+           "shard_of", "workspace_yaml"]
+
+DEFAULT_LOCATION = "oaipmh_dagster"
+MAX_SHARDS = 1024
+_SUFFIX = re.compile(r"(?:^|_)shard_(\d+)_of_(\d+)$")
+_MASK = (1 << 64) - 1
+
+
+class InvalidShard(OAIPMHDagsterError, ValueError):
+    """A location name or shard count that names no valid shard."""
+
+
+def _key(harvester_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(harvester_id.encode(), digest_size=8).digest(), "big")
+
+
+def shard_of(harvester_id: str, count: int) -> int:
+    """The shard (0 <= shard < count) that holds `harvester_id` (jump consistent hash)."""
+    if not 1 <= count <= MAX_SHARDS:
+        raise InvalidShard(f"the number of shards must be 1 to {MAX_SHARDS}, not {count}")
+    key, bucket, jump = _key(harvester_id), -1, 0
+    while jump < count:
+        bucket = jump
+        key = (key * 2862933555777941757 + 1) & _MASK
+        jump = int((bucket + 1) * ((1 << 31) / ((key >> 33) + 1)))
+    return bucket
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard `index` of `count`."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.count <= MAX_SHARDS or not 0 <= self.index < self.count:
+            raise InvalidShard(f"no shard {self.index} of {self.count}: a shard is "
+                               f"shard_<i>_of_<K> with 0 <= i < K <= {MAX_SHARDS}")
+
+    def holds(self, harvester_id: str) -> bool:
+        """Whether this shard holds `harvester_id`."""
+        return shard_of(harvester_id, self.count) == self.index
+
+    def location_name(self, prefix: str = DEFAULT_LOCATION) -> str:
+        """The code location name that serves this shard."""
+        return f"{prefix}_shard_{self.index}_of_{self.count}"
+
+    @classmethod
+    def of_location(cls, name: str | None) -> Shard | None:
+        """The shard a code location named `name` serves (None: every harvester)."""
+        match = _SUFFIX.search(name or "")
+        return cls(int(match[1]), int(match[2])) if match else None
+
+
+def location_names(count: int, prefix: str = DEFAULT_LOCATION) -> list[str]:
+    """The names of the `count` code locations of a deployment (`prefix` alone for one)."""
+    if count == 1:
+        return [prefix]
+    return [Shard(i, count).location_name(prefix) for i in range(count)]
+
+
+def workspace_yaml(count: int, prefix: str = DEFAULT_LOCATION,
+                   module: str = "oaipmh_dagster.definitions",
+                   grpc_host: str | None = None, grpc_port: int | None = None) -> str:
+    """A `workspace.yaml` whose `count` code locations hold every harvester exactly once:
+    `python_module` entries (the webserver or `dagster dev` starts each code server), or
+    with `grpc_port`, `grpc_server` entries on ports grpc_port, grpc_port + 1, ... of
+    code servers started with the commands given in the file's comments."""
+    names = location_names(count, prefix)
+    lines = [f"# {count} code location(s) of oaipmh-dagster, each holding the harvesters of "
+             "its shard", "# (written by `oaipmh-dagster workspace`)."]
+    if grpc_port is None:
+        lines.append("load_from:")
+        for name in names:
+            lines += ["  - python_module:", f"      module_name: {module}",
+                      f"      location_name: {name}"]
+        return "\n".join(lines) + "\n"
+    host = grpc_host or "127.0.0.1"
+    lines.append("# Start one code server per location, e.g. as systemd services:")
+    lines += [f"#   dagster code-server start -m {module} --location-name {name} "
+              f"-h {host} -p {grpc_port + i}" for i, name in enumerate(names)]
+    lines.append("load_from:")
+    for i, name in enumerate(names):
+        lines += ["  - grpc_server:", f"      host: {host}", f"      port: {grpc_port + i}",
+                  f"      location_name: {name}"]
+    return "\n".join(lines) + "\n"
