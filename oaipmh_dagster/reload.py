@@ -11,7 +11,8 @@ import os
 
 import httpx
 
-from oaipmh_dagster.shards import DEFAULT_LOCATION, InvalidShard, Shard
+from oaipmh_dagster.errors import OAIPMHDagsterError
+from oaipmh_dagster.shards import DEFAULT_LOCATION, InvalidShard, Shard, shard_of
 
 WEBSERVER_ENV = "OAIPMH_DAGSTER_WEBSERVER"
 LOCATION_ENV = "OAIPMH_DAGSTER_LOCATION"
@@ -22,10 +23,15 @@ LOCATIONS_QUERY = """
 """
 
 
+class NoHoldingLocation(OAIPMHDagsterError, LookupError):
+    """The webserver's locations are shards, but none of them holds the harvester."""
+
+
 def holding_location(names: list[str], harvester_id: str | None) -> str:
     """Of the webserver's location `names`, the one that holds `harvester_id`: the shard
     location whose shard holds it, else the default location (a single location
-    deployment), else the only location."""
+    deployment), else the only location. Raises NoHoldingLocation when the names are
+    shards of which none holds the harvester (a location missing from the workspace)."""
     shards = []
     for name in names:
         try:
@@ -38,6 +44,12 @@ def holding_location(names: list[str], harvester_id: str | None) -> str:
         for name, shard in shards:
             if shard.holds(harvester_id):
                 return name
+        if shards:
+            counts = sorted({shard.count for _, shard in shards})
+            wanted = ", ".join(f"shard {shard_of(harvester_id, k)} of {k}" for k in counts)
+            raise NoHoldingLocation(
+                f"none of the webserver's code locations holds harvester {harvester_id} "
+                f"({wanted}): add that location to the workspace")
     unsharded = [n for n in names if n not in {name for name, _ in shards}]
     if DEFAULT_LOCATION in unsharded or not unsharded:
         return DEFAULT_LOCATION
@@ -81,6 +93,8 @@ def reload_code_location(
             target = _location(client, url, location, harvester_id)
             result = _graphql(client, url, RELOAD_MUTATION,
                               {"name": target})["reloadRepositoryLocation"]
+    except NoHoldingLocation as exc:
+        return False, str(exc)
     except (httpx.HTTPError, KeyError, TypeError, ValueError):
         return False, (f"no Dagster webserver answered at {url}: reload the code location "
                        f"'{target}' in the Dagster UI (Deployment > Reload), or set "
@@ -134,6 +148,8 @@ def stop_schedule(
                 return True, f"schedule {name} is not running"
             result = _graphql(client, url, STOP_SCHEDULE_MUTATION,
                               {"id": schedule["id"]})["stopRunningSchedule"]
+    except NoHoldingLocation as exc:
+        return False, str(exc)
     except (httpx.HTTPError, KeyError, TypeError, ValueError):
         return None, f"no Dagster webserver answered at {url}"
     if result.get("__typename") == "ScheduleStateResult":

@@ -23,7 +23,7 @@ __all__ = ["DEFAULT_LOCATION", "MAX_SHARDS", "InvalidShard", "Shard", "location_
 
 DEFAULT_LOCATION = "oaipmh_dagster"
 MAX_SHARDS = 1024
-_SUFFIX = re.compile(r"(?:^|_)shard_(\d+)_of_(\d+)$")
+_SUFFIX = re.compile(r"(?:^|_)shard_(0|[1-9]\d*)_of_(0|[1-9]\d*)$")
 _MASK = (1 << 64) - 1
 
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from oaipmh_dagster.definitions import defs
-from oaipmh_dagster.reload import holding_location
+from oaipmh_dagster.reload import NoHoldingLocation, holding_location
 from oaipmh_dagster.shards import (
     DEFAULT_LOCATION,
     MAX_SHARDS,
@@ -204,6 +204,17 @@ def test_holding_location_ignores_invalid_shard_names() -> None:
     assert holding_location(names, hid) == Shard(1, 2).location_name()
     assert holding_location(["x_shard_5_of_4"], hid) == "x_shard_5_of_4"  # the only one
     assert holding_location(["x_shard_5_of_4", DEFAULT_LOCATION], hid) == DEFAULT_LOCATION
+
+
+def test_a_shard_missing_from_the_workspace_is_named() -> None:
+    hid = next(h for h in IDS if shard_of(h, 2) == 1)
+    with pytest.raises(NoHoldingLocation, match=f"harvester {hid} \\(shard 1 of 2\\)"):
+        holding_location([Shard(0, 2).location_name()], hid)
+
+
+def test_zero_padded_shard_numbers_name_no_shard() -> None:
+    assert Shard.of_location("oaipmh_dagster_shard_01_of_3") is None
+    assert Shard.of_location("oaipmh_dagster_shard_1_of_03") is None
 
 
 # -- the definitions of each shard's location ---------------------------------------------
