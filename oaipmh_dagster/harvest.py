@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, TypedDict, Unpack
+from typing import Any
 
 from oaipmh_dagster import __version__, incremental
 from oaipmh_dagster import reconcile as reconcile_mod
@@ -219,19 +219,6 @@ class Listener:
 SinceAfterLease = Callable[[], tuple[str | None, bool, bool]]
 
 
-class RunFields(TypedDict, total=False):
-    """`RunOptions` as keywords of `harvest`."""
-
-    since: str | datetime | None
-    until: str | datetime | None
-    full: bool
-    overlap: bool
-    oai_ids: Sequence[str]
-    sets: Sequence[str] | None
-    resume: bool
-    reconcile: bool
-
-
 def credentials(h: Harvester) -> dict[str, Any]:
     """Client auth options from the environment variable the row names.
 
@@ -294,9 +281,8 @@ def harvest(
     is_stale: Callable[[str | None], bool] | None = None,
     on_page: OnPage | None = None,
     since_after_lease: SinceAfterLease | None = None,
-    **fields: Unpack[RunFields],
 ) -> HarvestStats:
-    """Harvest `h` into `store` as `run` says (or its fields as keywords) and return the
+    """Harvest `h` into `store` as `run` says (the defaults without one) and return the
     statistics; raise on failure.
 
     Each page is committed with its checkpoint, so a failed or killed harvest is resumed
@@ -306,7 +292,7 @@ def harvest(
     `since_after_lease`, when given, is called once the harvester's lease is held and
     returns (since, full, overlap): a run that waited for another harvest of the same
     harvester starts from the since that harvest left."""
-    run = replace(run or RunOptions(), **fields)
+    run = run or RunOptions()
     _checked(validate, h, run)
     started = time.perf_counter()
     stats = HarvestStats(harvester_id=h.id, sets=run.set_specs(h),

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from oaipmh_dagster.demo.dataset import ServedRecord, make_dataset
-from oaipmh_dagster.harvest import HarvestError, harvest
+from oaipmh_dagster.harvest import HarvestError, RunOptions, harvest
 from oaipmh_dagster.oai import ClientOptions, OAIError
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.store import Store
@@ -63,7 +63,7 @@ def test_sets_and_incremental(database_url: str, server: OAIServer) -> None:
     server.dataset.delete(old.identifier, now)
     server.dataset.add(ServedRecord("oai:demo.example.org:new-1", now, ("theses",),
                                     metadata={"oai_dc": old.metadata["oai_dc"]}))
-    stats = harvest(_h(server, sets=sets), store, run_id="r2", since=now, options=FAST)
+    stats = harvest(_h(server, sets=sets), store, RunOptions(since=now), run_id="r2", options=FAST)
     assert (stats.new, stats.deleted) == (1, 1)
     assert store.snapshot("t") == expected_snapshot(server.dataset, sets=sets)
     froms = [r.params.get("from", [None])[0] for r in server.requests if r.verb == "ListRecords"]
@@ -95,13 +95,14 @@ def test_failure_mid_harvest_keeps_committed_pages(database_url: str, server: OA
 def test_oai_ids_fetch_exactly_those(database_url: str, server: OAIServer) -> None:
     store = Store()
     live = [r.identifier for r in server.dataset if not r.deleted][:5]
-    stats = harvest(_h(server), store, run_id="r1", oai_ids=live, options=FAST)
+    stats = harvest(_h(server), store, RunOptions(oai_ids=live), run_id="r1", options=FAST)
     assert sorted(store.snapshot("t")) == sorted(live)
     assert stats.mode == "oai_ids" and stats.new == 5
     verbs = {r.verb for r in server.requests}
     assert verbs == {"Identify", "GetRecord"}
     with pytest.raises(HarvestError, match="do not exist"):
-        harvest(_h(server), store, run_id="r2", oai_ids=[live[0], "oai:nope:1"], options=FAST)
+        harvest(_h(server), store, RunOptions(oai_ids=[live[0], "oai:nope:1"]), run_id="r2",
+                options=FAST)
 
 
 def test_transform_failure_is_recorded_and_run_goes_on(database_url: str,

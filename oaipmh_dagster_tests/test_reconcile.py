@@ -14,7 +14,7 @@ import pytest
 from oaipmh_dagster import cli
 from oaipmh_dagster.dagster_parts.assets import RECONCILE_TAG, SCHEDULE_TAG
 from oaipmh_dagster.demo.dataset import Dataset, ServedRecord, make_dataset
-from oaipmh_dagster.harvest import HarvestError, harvest
+from oaipmh_dagster.harvest import HarvestError, RunOptions, harvest
 from oaipmh_dagster.reconcile import NOT_LISTED
 from oaipmh_dagster.registry import InvalidHarvester, Registry
 from oaipmh_dagster.store import Store
@@ -203,10 +203,11 @@ def test_reconcile_of_sets_tombstones_records_that_left_them(
 def test_reconcile_refuses_partial_selections(database_url: str,
                                               offset_server: OAIServer) -> None:
     h = add_harvester("part", offset_server.base_url)
-    for kwargs in ({"oai_ids": ["oai:demo.example.org:1"]}, {"until": "2020-01-01"},
-                   {"sets": ["x"]}):
+    for run in (RunOptions(reconcile=True, oai_ids=["oai:demo.example.org:1"]),
+                RunOptions(reconcile=True, until="2020-01-01"),
+                RunOptions(reconcile=True, sets=["x"])):
         with pytest.raises(HarvestError, match="whole selection"):
-            harvest(h, Store(), run_id="r", reconcile=True, **kwargs)
+            harvest(h, Store(), run, run_id="r")
     assert offset_server.requests == []  # refused before any request
 
 

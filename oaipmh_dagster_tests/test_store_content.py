@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from oaipmh_dagster.demo.dataset import DAY, make_dataset
 from oaipmh_dagster.demo.server import OAIServer
-from oaipmh_dagster.harvest import harvest
+from oaipmh_dagster.harvest import RunOptions, harvest
 from oaipmh_dagster.oai import ClientOptions
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.rows import write_page
@@ -26,6 +26,7 @@ from oaipmh_dagster_tests.test_store import FakeRecord, counts, rec, rows, title
 
 DC = {"metadata_prefix": "oai_dc", "transformer": "oai_dc"}
 FAST = ClientOptions(max_retries=1, backoff_base=0.01, backoff_max=0.05, read_timeout=5)
+FULL = RunOptions(full=True)
 
 
 @pytest.fixture
@@ -125,7 +126,7 @@ def test_harvest_sees_a_second_change_on_the_same_day(database_url: str) -> None
                                                     1)
         assert changed != target.metadata["oai_dc"]
         ds.upsert(replace(target, metadata={**target.metadata, "oai_dc": changed}))
-        stats = harvest(h, store, run_id="r2", full=True, options=FAST)
+        stats = harvest(h, store, run_id="r2", run=FULL, options=FAST)
         assert (stats.updated, stats.unchanged) == (1, 119)
         item = next(i for i in store.iter_records("c") if i["oai_identifier"] == target.identifier)
         assert "(second edition)" in str(item["metadata"])
@@ -137,7 +138,7 @@ def test_full_harvest_after_a_prefix_change_rewrites_every_record(database_url: 
         store = Store()
         harvest(_day_server_harvester(server), store, run_id="r1", options=FAST)
         stats = harvest(_day_server_harvester(server, metadata_prefix="datacite"), store,
-                        run_id="r2", full=True, options=FAST)
+                        run_id="r2", run=FULL, options=FAST)
         assert (stats.updated, stats.unchanged) == (60, 0)
         raw = [i["raw_xml"] for i in store.iter_records("c", with_raw=True)]
         assert all("datacite" in x and "oai_dc" not in x for x in raw)
@@ -211,11 +212,11 @@ def test_full_harvest_after_a_transformer_change_rewrites_every_record(
         harvest(_day_server_harvester(server), store, run_id="r1", options=FAST)
         before = {i["oai_identifier"]: i["metadata"] for i in store.iter_records("c")}
         stats = harvest(_day_server_harvester(server, transformer="xml"), store, run_id="r2",
-                        full=True, options=FAST)
+                        run=FULL, options=FAST)
         assert (stats.updated, stats.unchanged) == (60, 0)
         after = {i["oai_identifier"]: i["metadata"] for i in store.iter_records("c")}
         assert after.keys() == before.keys()
         assert all(after[k] != before[k] for k in after)
         again = harvest(_day_server_harvester(server, transformer="xml"), store, run_id="r3",
-                        full=True, options=FAST)
+                        run=FULL, options=FAST)
         assert (again.updated, again.unchanged) == (0, 60)

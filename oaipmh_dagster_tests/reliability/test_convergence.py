@@ -76,13 +76,13 @@ FAULTS = ("status", "reset", "truncate", "bad_token")
 
 CHILD = textwrap.dedent("""
     import sys
-    from oaipmh_dagster.harvest import harvest
+    from oaipmh_dagster.harvest import RunOptions, harvest
     from oaipmh_dagster.registry import Registry
     from oaipmh_dagster.store import Store
 
     hid, run_id, since, overlap = sys.argv[1:5]
-    harvest(Registry().get(hid), Store(), run_id=run_id, since=since or None,
-            full=not since, overlap=overlap == "1")
+    run = RunOptions(since=since or None, full=not since, overlap=overlap == "1")
+    harvest(Registry().get(hid), Store(), run, run_id=run_id)
 """)
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from oaipmh_dagster import db
 from oaipmh_dagster.demo.dataset import make_dataset
-from oaipmh_dagster.harvest import harvest
+from oaipmh_dagster.harvest import RunOptions, harvest
 from oaipmh_dagster.oai import OAIDataError
 from oaipmh_dagster.store import HarvestInProgress, Store, utc_datestamp
 from oaipmh_dagster_tests.helpers import expected_snapshot
@@ -101,11 +101,12 @@ def server():  # noqa: ANN201
         yield srv
 
 
-def _fail_after_pages(server: OAIServer, store: Store, pages: int, **kw: object) -> dict:
+def _fail_after_pages(server: OAIServer, store: Store, pages: int,
+                      run: RunOptions | None = None) -> dict:
     """A run that commits `pages` pages and then fails; returns its checkpoint."""
     server.faults.add("repeat_token", verb="ListRecords", page=pages, times=None)
     with pytest.raises(OAIDataError, match="loop"):
-        harvest(_h(server), store, run_id="failed-run", options=FAST, **kw)
+        harvest(_h(server), store, run, run_id="failed-run", options=FAST)
     server.faults.clear()
     server.clear_log()
     state = store.state("r")
@@ -137,10 +138,10 @@ def test_token_expired_restarts_from_since(database_url: str, server: OAIServer)
     window = {k: v for k, v in expected_snapshot(server.dataset).items()
               if v[0] >= utc_datestamp(cutoff)}
     assert PAGE * 4 < len(window) < RECORDS
-    cp = _fail_after_pages(server, store, 2, since=since)
+    cp = _fail_after_pages(server, store, 2, RunOptions(since=since))
     assert cp["since"] == since
     server.expire_tokens()
-    stats = harvest(_h(server), store, run_id="r2", since=since, options=FAST)
+    stats = harvest(_h(server), store, RunOptions(since=since), run_id="r2", options=FAST)
     requests = _list_requests(server)
     assert requests[0].params["resumptionToken"] == [cp["token"]]  # tried, refused
     assert requests[1].params["from"] == [since] and "resumptionToken" not in requests[1].params
@@ -155,7 +156,7 @@ def test_resume_false_starts_over(database_url: str, server: OAIServer) -> None:
     cleared on success."""
     store = Store()
     _fail_after_pages(server, store, 3)
-    stats = harvest(_h(server), store, run_id="r2", options=FAST, resume=False)
+    stats = harvest(_h(server), store, RunOptions(resume=False), run_id="r2", options=FAST)
     assert stats.mode == "full" and stats.resumed_from_token is None
     assert "resumptionToken" not in _list_requests(server)[0].params
     assert stats.unchanged == 3 * PAGE and stats.new + stats.deleted == RECORDS - 3 * PAGE
@@ -169,7 +170,8 @@ def test_checkpoint_of_another_window_is_not_resumed(database_url: str,
     arguments): that run starts its own list."""
     store = Store()
     _fail_after_pages(server, store, 3)
-    stats = harvest(_h(server), store, run_id="r2", options=FAST, since="2022-01-01")
+    stats = harvest(_h(server), store, RunOptions(since="2022-01-01"), run_id="r2",
+                    options=FAST)
     assert stats.mode == "incremental"
     assert _list_requests(server)[0].params["from"] == ["2022-01-01T00:00:00Z"]
 

@@ -20,7 +20,7 @@ import dagster as dg
 import pytest
 
 from oaipmh_dagster.demo.dataset import ServedRecord, make_dataset
-from oaipmh_dagster.harvest import HarvestStats, harvest
+from oaipmh_dagster.harvest import HarvestStats, RunOptions, harvest
 from oaipmh_dagster.oai import (
     BadArgument,
     BadResumptionToken,
@@ -49,11 +49,11 @@ class FakeSleep:
 
 
 def _run(h: Harvester, store: Store, run_id: str, options: ClientOptions = FAST,
-         sleep: FakeSleep | None = None, **kw: object) -> HarvestStats:
+         sleep: FakeSleep | None = None, run: RunOptions | None = None) -> HarvestStats:
     if sleep is None:
-        return harvest(h, store, run_id=run_id, options=options, **kw)
+        return harvest(h, store, run, run_id=run_id, options=options)
     with OAIClient(h.base_url, options, sleep=sleep) as client:
-        return harvest(h, store, run_id=run_id, client=client, **kw)
+        return harvest(h, store, run, run_id=run_id, client=client)
 
 
 def _recovered(store: Store, h: Harvester, server: OAIServer, stats: HarvestStats) -> None:
@@ -326,7 +326,7 @@ def test_no_records_match_with_http_422(store: Store, server: OAIServer) -> None
     harvest that succeeds (nothing changed), not an error."""
     server.faults.add("oai_error", verb="ListRecords", page=1, status=422, code="noRecordsMatch",
                       message="Nothing changed.")
-    stats = _run(_h(server), store, "r1", since="2030-01-01")
+    stats = _run(_h(server), store, "r1", run=RunOptions(since="2030-01-01"))
     assert stats.records == 0 and store.snapshot("r") == {}
     assert store.state("r")["status"] == "succeeded"
 

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 from oaipmh_dagster import db
 from oaipmh_dagster.demo.dataset import ServedRecord, make_dataset
-from oaipmh_dagster.harvest import CredentialsError, HarvestError, harvest
+from oaipmh_dagster.harvest import CredentialsError, HarvestError, RunOptions, harvest
 from oaipmh_dagster.oai import OAIClient, OAIDataError, OAIError, OAIHTTPStatusError
 from oaipmh_dagster.registry import Harvester, InvalidHarvester, Registry, harvester_table
 from oaipmh_dagster.rows import write_page
@@ -162,7 +162,7 @@ def test_xxe_through_harvest_reaches_neither_store_nor_logs(
     store = Store()
     oai_ids = [next(iter(server.dataset)).identifier] if verb == "GetRecord" else ()
     with pytest.raises(OAIDataError) as err:
-        harvest(_h(server), store, run_id="r1", options=FAST, oai_ids=oai_ids)
+        harvest(_h(server), store, RunOptions(oai_ids=oai_ids), run_id="r1", options=FAST)
     assert secret not in str(err.value) and secret not in caplog.text
     assert secret not in _store_text(store, "r")
     assert len(store.snapshot("r")) == (40 if verb == "ListRecords" else 0)
@@ -346,7 +346,7 @@ def test_quotes_and_sql_fragments_round_trip(database_url: str) -> None:
         store = Store()
         stats = harvest(h, store, run_id="r1'; --", options=FAST)
         assert store.snapshot("sqlsafe") == expected_snapshot(ds)
-        again = harvest(h, store, run_id="r2", options=FAST, oai_ids=NASTY)
+        again = harvest(h, store, RunOptions(oai_ids=NASTY), run_id="r2", options=FAST)
         assert again.unchanged == len(NASTY)
     assert stats.records == 35
     items = {i["oai_identifier"]: i for i in store.iter_records("sqlsafe")}
@@ -391,8 +391,8 @@ def test_run_config_sets_are_validated(sqlite_url: str, server: OAIServer) -> No
     """Sets given per run (run config `sets`) pass the same check as the row's before any
     request is made."""
     with pytest.raises(HarvestError, match="invalid set spec"):
-        harvest(_h(server), Store(), run_id="r1", options=FAST,
-                sets=["ok", "a&verb=Identify"])
+        harvest(_h(server), Store(), RunOptions(sets=["ok", "a&verb=Identify"]), run_id="r1",
+                options=FAST)
     assert server.requests == []
     assert Store().state("r") is None
 
