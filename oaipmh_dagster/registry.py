@@ -218,7 +218,12 @@ def validate_cron(value: str | None) -> str | None:
 @functools.lru_cache(maxsize=4096)
 def _valid_cron(value: str) -> bool:
     """Whether Dagster accepts `value` as a schedule's cron (its public constructor is the
-    check; cached: registries repeat a handful of expressions)."""
+    check; cached: registries repeat a handful of expressions).
+
+    Dagster stays the judge although the registry sits below it: its cron parser is a
+    private vendored croniter (no croniter distribution is installed), and an expression
+    the registry let through but Dagster refused would fail loading every harvester's
+    definitions. The import is lazy, so the registry loads without Dagster."""
     import dagster as dg
 
     try:

@@ -141,12 +141,15 @@ def test_invalid_transformer_syntax(bad: str) -> None:
         make(transformer=bad)
 
 
-@pytest.mark.parametrize("good", [None, "0 3 * * *", "*/15 * * * *", "0 0 1 1 *", "@daily"])
+@pytest.mark.parametrize("good", [None, "0 3 * * *", "*/15 * * * *", "0 0 1 1 *", "@daily",
+                                  "@hourly", "@weekly", "@monthly", "@yearly", "@annually",
+                                  "@midnight", "0 0 * jan-mar mon#2", "0 0 L * *"])
 def test_valid_cron(good: str | None) -> None:
     assert make(cron=good).cron == good
 
 
-@pytest.mark.parametrize("bad", ["", "every day", "61 * * * *", "* * * *", "0 25 * * *"])
+@pytest.mark.parametrize("bad", ["", "every day", "61 * * * *", "* * * *", "0 25 * * *",
+                                 "@reboot", "0 0 * * * *", "0 0 30 2 *", "*/0 * * * *"])
 def test_invalid_cron(bad: str) -> None:
     with pytest.raises(InvalidHarvester, match="cron"):
         make(cron=bad)
