@@ -78,6 +78,11 @@ def get_engine(url: str | None = None, *, migrate: bool = True) -> Engine:
             else:
                 kwargs.update(pool_pre_ping=True, pool_size=5, max_overflow=5)
             try:
+                if sa_url.get_driver_name() == "psycopg2":
+                    # An executemany of the record upsert (INSERT ... ON CONFLICT) is
+                    # otherwise a round trip per row: 55% of a harvest into PostgreSQL.
+                    kwargs.update(executemany_mode="values_plus_batch",
+                                  executemany_batch_page_size=500)
                 engine = sa.create_engine(sa_url, **kwargs)
             except Exception as exc:
                 raise DatabaseUnavailable(f"cannot use database {redact(url)}: {exc}") from exc
