@@ -13,6 +13,7 @@ import pytest
 
 from oaipmh_dagster import incremental
 from oaipmh_dagster.dagster_parts import sensors
+from oaipmh_dagster.dagster_parts import since as since_mod
 from oaipmh_dagster.dagster_parts.assets import asset_keys, op_name
 from oaipmh_dagster.dagster_parts.since import (
     SENSOR_NAME,
@@ -496,3 +497,24 @@ def test_cli_update_and_remove_forget_since(database_url: str, server: OAIServer
     again = add_harvester("j", server.base_url)
     assert since_of(instance, again) is None
     assert Store().state("j") is None
+
+
+def test_since_report_reads_the_since_state_once(sqlite_url: str, server: OAIServer,
+                                                 instance: dg.DagsterInstance,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """`since show` resolves the since from the state it read for `recorded_by`, without
+    asking the instance a second time."""
+    h = add_harvester("j", server.base_url)
+    assert run_job(h, instance).success
+    tick(instance, None, h)
+    calls = []
+
+    def counted(*args: object) -> incremental.SinceState | None:
+        calls.append(args)
+        return current_state(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(since_mod, "current_state", counted)
+    report = since_mod.since_report(instance, h, asset_keys(h.id)[1])
+    assert len(calls) == 1
+    assert (report["since"], report["source"]) == ("2026-03-01T12:00:00Z", "run")
+    assert report["recorded_by"] is not None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from enum import Enum, auto
 from typing import Any
 
 import dagster as dg
@@ -126,12 +127,18 @@ def current_state(instance: dg.DagsterInstance, raw_key: dg.AssetKey) -> SinceSt
     return state
 
 
+class _Unread(Enum):
+    UNREAD = auto()
+
+
 def resolve_since(
     instance: dg.DagsterInstance, h: Harvester, *, since: str | None, full: bool,
-    raw_key: dg.AssetKey,
+    raw_key: dg.AssetKey, state: SinceState | None | _Unread = _Unread.UNREAD,
 ) -> ResolvedSince:
-    """The one since-resolution rule (see the module docstring)."""
-    state = current_state(instance, raw_key)
+    """The one since-resolution rule (see the module docstring); `state` is the
+    harvester's `current_state` when the caller has already read it."""
+    if state is _Unread.UNREAD:
+        state = current_state(instance, raw_key)
     scope = incremental.scope(h.base_url, h.metadata_prefix, h.sets)
     stored, note = incremental.in_force(state, scope)
     if since:
@@ -223,7 +230,7 @@ def since_report(instance: dg.DagsterInstance, h: Harvester, raw_key: dg.AssetKe
     from datetime import UTC, datetime
 
     state = current_state(instance, raw_key)
-    resolved = resolve_since(instance, h, since=None, full=False, raw_key=raw_key)
+    resolved = resolve_since(instance, h, since=None, full=False, raw_key=raw_key, state=state)
     last = None
     for record in instance.fetch_materializations(raw_key, limit=_MATERIALIZATIONS).records:
         run = instance.get_run_record_by_id(record.run_id)
