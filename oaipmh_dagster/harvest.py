@@ -24,9 +24,9 @@ from oaipmh_dagster.oai import (
     IdDoesNotExist,
     OAIClient,
     Page,
+    drop_seen,
     format_datestamp,
 )
-from oaipmh_dagster.oai.client import drop_seen
 from oaipmh_dagster.parallel import harvest_windows
 from oaipmh_dagster.plan import (
     Checkpoint,

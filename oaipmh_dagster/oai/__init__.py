@@ -16,7 +16,7 @@ face; the modules whose names start with ``_`` are private:
 from ._options import DEFAULT_USER_AGENT, ClientOptions, LoggerLike
 from ._transport import redact_url
 from ._xml import hardened_parser
-from .client import OAIClient
+from .client import OAIClient, drop_seen
 from .datestamps import Granularity, format_datestamp, parse_datestamp, parse_user_datetime
 from .errors import (
     BadArgument,
@@ -47,7 +47,6 @@ from .models import (
 )
 
 __all__ = [
-    "DEFAULT_USER_AGENT",
     "BadArgument",
     "BadResumptionToken",
     "BadVerb",
@@ -55,10 +54,9 @@ __all__ = [
     "CannotDisseminateFormat",
     "ClientOptions",
     "ClientStats",
-    "OAIDataError",
+    "DEFAULT_USER_AGENT",
     "DatestampError",
     "Granularity",
-    "OAIHTTPStatusError",
     "Header",
     "IdDoesNotExist",
     "Identify",
@@ -68,13 +66,16 @@ __all__ = [
     "NoRecordsMatch",
     "NoSetHierarchy",
     "OAIClient",
+    "OAIDataError",
     "OAIError",
-    "OAISet",
-    "Page",
+    "OAIHTTPStatusError",
     "OAIProtocolError",
+    "OAISet",
+    "OAITransportError",
+    "Page",
     "Record",
     "ResumptionToken",
-    "OAITransportError",
+    "drop_seen",
     "format_datestamp",
     "hardened_parser",
     "parse_datestamp",
