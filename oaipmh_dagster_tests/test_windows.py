@@ -77,16 +77,22 @@ def test_windowed_with_sets_dedupes(sqlite_url: str) -> None:
     assert stats.records == len(expected)
 
 
+def _fail_windowed_run(srv: OAIServer) -> tuple[Harvester, Store, dict]:
+    """A windowed harvest of `srv` that fails from its 26th list request on; the
+    harvester, its store and the checkpoint the failed run left."""
+    h = Harvester(id="w", base_url=srv.base_url, metadata_prefix="oai_dc", max_parallel=2)
+    store = Store()
+    srv.faults.add("malformed", verb="ListRecords", when=lambda r: r.number >= 26,
+                   times=None)
+    with pytest.raises(OAIError):
+        harvest(h, store, run_id="r1", options=ClientOptions(max_parallel=2, **FAST))
+    return h, store, store.state("w")["checkpoint"]
+
+
 def test_failed_window_run_resumes_only_unfinished(sqlite_url: str) -> None:
     ds = make_dataset(3000, seed=2)
     with OAIServer(ds, page_size=100) as srv:
-        h = Harvester(id="w", base_url=srv.base_url, metadata_prefix="oai_dc", max_parallel=2)
-        store = Store()
-        srv.faults.add("malformed", verb="ListRecords", when=lambda r: r.number >= 26,
-                       times=None)
-        with pytest.raises(OAIError):
-            harvest(h, store, run_id="r1", options=ClientOptions(max_parallel=2, **FAST))
-        cp = store.state("w")["checkpoint"]
+        h, store, cp = _fail_windowed_run(srv)
         assert cp["mode"] == "windowed"
         done = [k for k, v in cp["windows"].items() if v["done"]]
         assert done and len(done) < len(cp["windows"])
@@ -110,13 +116,7 @@ def test_window_resume_with_expired_tokens_restarts_the_windows(sqlite_url: str)
     its own from/until, and the store ends up equal to the server's data."""
     ds = make_dataset(3000, seed=2)
     with OAIServer(ds, page_size=100) as srv:
-        h = Harvester(id="w", base_url=srv.base_url, metadata_prefix="oai_dc", max_parallel=2)
-        store = Store()
-        srv.faults.add("malformed", verb="ListRecords", when=lambda r: r.number >= 26,
-                       times=None)
-        with pytest.raises(OAIError):
-            harvest(h, store, run_id="r1", options=ClientOptions(max_parallel=2, **FAST))
-        cp = store.state("w")["checkpoint"]
+        h, store, cp = _fail_windowed_run(srv)
         tokens = {v["token"] for v in cp["windows"].values() if v["token"]}
         assert tokens
         srv.faults.clear()
