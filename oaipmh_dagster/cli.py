@@ -63,12 +63,11 @@ def _check_transformer(name: str) -> None:
 
 def _probe(url: str, prefix: str, timeout: float) -> str:
     """Identify + ListMetadataFormats; refuse a prefix the server does not offer."""
-    from oaipmh_dagster.oai import ClientOptions, OAIClient, OAIError
+    from oaipmh_dagster.endpoint import client as endpoint_client
+    from oaipmh_dagster.oai import OAIError
 
-    options = ClientOptions(read_timeout=timeout, connect_timeout=min(10.0, timeout),
-                            max_retries=1, backoff_base=0.5)
     try:
-        with OAIClient(url, options) as client:
+        with endpoint_client(url, timeout) as client:
             ident = client.identify()
             formats = client.list_metadata_formats()
     except OAIError as exc:
@@ -116,6 +115,92 @@ def init() -> None:
     except db.DatabaseUnavailable as exc:
         raise Failure(str(exc)) from exc
     click.echo(f"database {db.redact(str(engine.url))} at schema revision {rev}")
+
+
+def _inspect_options(f):  # noqa: ANN001, ANN202 - click decorator plumbing
+    f = click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=30.0,
+                     show_default=True, help="Read timeout per request, seconds.")(f)
+    f = click.option("--json", "as_json", is_flag=True, help="As JSON.")(f)
+    return click.argument("url", metavar="URL")(f)
+
+
+def _ask(url: str, timeout: float, what: Any) -> Any:
+    """`what(client)` against the endpoint at `url`: bad URLs are usage errors, a failed
+    request or an answer that is not OAI-PMH is one failure line."""
+    from oaipmh_dagster.endpoint import client
+    from oaipmh_dagster.oai import OAIError
+
+    try:
+        validate_url(url)
+    except InvalidHarvester as exc:
+        raise UsageProblem(str(exc)) from exc
+    try:
+        with client(url, timeout) as c:
+            return what(c)
+    except OAIError as exc:
+        raise Failure(f"{url} did not answer as an OAI-PMH endpoint: {exc}") from exc
+
+
+def _echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+@cli.command()
+@_inspect_options
+def identify(url: str, as_json: bool, timeout: float) -> None:
+    """What the endpoint at URL says about itself (the Identify verb)."""
+    from oaipmh_dagster.endpoint import describe_identify
+
+    data = describe_identify(_ask(url, timeout, lambda c: c.identify()))
+    if as_json:
+        _echo_json(data)
+        return
+    from tabulate import tabulate
+
+    labels = {"repository_name": "repository name", "base_url": "base URL",
+              "protocol_version": "protocol version", "granularity": "granularity",
+              "earliest_datestamp": "earliest datestamp", "deleted_record": "deleted records",
+              "admin_emails": "admin emails", "compression": "compression"}
+    rows = [[label + ":", ", ".join(v) if isinstance(v, list) else v]
+            for key, label in labels.items() for v in [data[key]]]
+    click.echo(tabulate([[k, v if v not in (None, "") else "-"] for k, v in rows],
+                        tablefmt="plain"))
+
+
+@cli.command("sets")
+@_inspect_options
+def sets_(url: str, as_json: bool, timeout: float) -> None:
+    """The sets of the endpoint at URL (ListSets, every page)."""
+    from oaipmh_dagster.endpoint import describe_sets
+
+    items = describe_sets(_ask(url, timeout, lambda c: list(c.list_sets())))
+    if as_json:
+        _echo_json(items)
+        return
+    if not items:
+        click.echo(f"{url} has no sets (it harvests as a whole)")
+        return
+    from tabulate import tabulate
+
+    click.echo(tabulate([[i["spec"], i["name"]] for i in items],
+                        headers=["setSpec", "setName"]))
+    click.echo(f"{len(items)} sets")
+
+
+@cli.command()
+@_inspect_options
+def formats(url: str, as_json: bool, timeout: float) -> None:
+    """The metadata formats of the endpoint at URL (ListMetadataFormats)."""
+    from oaipmh_dagster.endpoint import describe_formats
+
+    items = describe_formats(_ask(url, timeout, lambda c: c.list_metadata_formats()))
+    if as_json:
+        _echo_json(items)
+        return
+    from tabulate import tabulate
+
+    click.echo(tabulate([[i["prefix"], i["schema"], i["namespace"]] for i in items],
+                        headers=["metadataPrefix", "schema", "namespace"]))
 
 
 @cli.group()
