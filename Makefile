@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export DAGSTER_HOME
+# `make demo PORT=3001 OAI_PORT=8766`: the Dagster UI's and the demo endpoint's ports.
+PORT ?= 3000
+OAI_PORT ?= 8765
 
 .PHONY: test demo bench lint install clean chromium
 
@@ -28,11 +31,13 @@ chromium:
 test: $(STAMP) chromium
 	$(BIN)/ruff check oaipmh_dagster oaipmh_dagster_tests benchmarks
 	$(BIN)/mypy
+	mkdir -p $(DAGSTER_HOME)
+	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/dg check defs
 	$(BIN)/python -m pytest
 
 demo: $(STAMP)
 	mkdir -p $(DAGSTER_HOME)
-	$(BIN)/oaipmh-dagster demo
+	$(BIN)/oaipmh-dagster demo --port $(PORT) --oai-port $(OAI_PORT)
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'

@@ -1,0 +1,102 @@
+"""pyproject.toml: an SPDX license expression, every directly imported third-party
+package declared, and the dev tools pinned with the Dagster set."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oaipmh_dagster_tests.conftest import REPO_ROOT
+
+
+def _project() -> dict[str, Any]:
+    return tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+
+
+def _pins(requirements: list[str]) -> dict[str, str]:
+    """name -> version specifier of each requirement line."""
+    out = {}
+    for line in requirements:
+        match = re.match(r"([A-Za-z0-9_.-]+)\s*(.*)", line)
+        assert match, line
+        out[match.group(1).lower()] = match.group(2)
+    return out
+
+
+def test_license_is_an_spdx_expression() -> None:
+    data = _project()
+    assert data["project"]["license"] == "MIT"
+    # PEP 639 license expressions need setuptools 77 or newer as the build backend.
+    backend = _pins(data["build-system"]["requires"])["setuptools"]
+    assert re.fullmatch(r">=\s*(\d+)(\.\d+)*", backend)
+    assert int(re.findall(r"\d+", backend)[0]) >= 77
+
+
+def test_tabulate_is_declared() -> None:
+    """cli.py imports tabulate itself: it may not ride on Dagster's dependencies."""
+    assert "tabulate" in _pins(_project()["project"]["dependencies"])
+
+
+def test_dg_cli_is_pinned_with_the_dagster_set() -> None:
+    data = _project()
+    dagster = _pins(data["project"]["dependencies"])["dagster"]
+    dev = _pins(data["project"]["optional-dependencies"]["dev"])
+    assert dev["dagster-dg-cli"] == dagster
+    assert dagster.startswith("==")
+
+
+def test_dg_project_points_at_the_definitions_module() -> None:
+    dg = _project()["tool"]["dg"]
+    assert dg["directory_type"] == "project"
+    assert dg["project"]["code_location_target_module"] == "oaipmh_dagster.definitions"
+
+
+def _make_dry_run(*args: str) -> str:
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    proc = subprocess.run([make, "-n", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "MAKEFLAGS": ""})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_make_demo_passes_the_ports() -> None:
+    out = _make_dry_run("demo", "PORT=3111", "OAI_PORT=8111")
+    assert "oaipmh-dagster demo --port 3111 --oai-port 8111" in out
+    assert "oaipmh-dagster demo --port 3000 --oai-port 8765" in _make_dry_run("demo")
+
+
+def test_make_test_checks_the_definitions_with_dg() -> None:
+    lines = _make_dry_run("test").splitlines()
+    dg_line = next(i for i, line in enumerate(lines) if "dg check defs" in line)
+    pytest_line = next(i for i, line in enumerate(lines) if "-m pytest" in line)
+    assert dg_line < pytest_line
+
+
+def test_dg_check_defs_loads_the_harvesters(tmp_path: Path) -> None:
+    """`dg check defs` (as `make test` runs it) finds the project through [tool.dg] and
+    loads the code location with its harvesters."""
+    from oaipmh_dagster import db
+    from oaipmh_dagster.registry import Harvester, Registry
+
+    url = f"sqlite:///{tmp_path / 'reg.sqlite'}"
+    registry = Registry(db.get_engine(url))
+    for i in range(3):
+        registry.add(Harvester(id=f"h{i}", base_url="http://127.0.0.1:9/oai",
+                               metadata_prefix="oai_dc", cron="0 4 * * *"))
+    venv = Path(sys.executable).parent.parent
+    env = {**os.environ, db.DATABASE_URL_ENV: url, "DAGSTER_HOME": str(tmp_path),
+           "VIRTUAL_ENV": str(venv)}
+    proc = subprocess.run([str(Path(sys.executable).with_name("dg")), "check", "defs"],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "All definitions loaded successfully" in proc.stdout + proc.stderr
