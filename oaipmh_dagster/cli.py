@@ -61,15 +61,18 @@ def _check_transformer(name: str) -> None:
         raise UsageProblem(f"unknown transformer {name!r}: {exc}") from exc
 
 
-def _probe(url: str, prefix: str, timeout: float) -> str:
-    """Identify + ListMetadataFormats; refuse a prefix the server does not offer."""
+def _probe(url: str, prefix: str, timeout: float, sets: tuple[str, ...] = ()) -> str:
+    """Identify + ListMetadataFormats (+ ListSets when `sets` are given); refuse a prefix
+    the server does not offer or a set it does not list. Returns the repository name."""
     from oaipmh_dagster.endpoint import client as endpoint_client
+    from oaipmh_dagster.endpoint import missing_sets, some
     from oaipmh_dagster.oai import OAIError
 
     try:
         with endpoint_client(url, timeout) as client:
             ident = client.identify()
             formats = client.list_metadata_formats()
+            offered_sets = [s.spec for s in client.list_sets()] if sets else []
     except OAIError as exc:
         raise Failure(f"cannot use {url} as an OAI-PMH endpoint: {exc} "
                       "(use --no-check to register it anyway)") from exc
@@ -78,6 +81,14 @@ def _probe(url: str, prefix: str, timeout: float) -> str:
         raise UsageProblem(
             f"{url} does not offer metadataPrefix {prefix!r}; it offers: {', '.join(offered)}"
         )
+    if sets and not offered_sets:
+        raise Failure(f"{url} does not support sets (it lists none): harvest it whole, "
+                      "without --set (or use --no-check to register it anyway)")
+    missing = missing_sets(sets, offered_sets)
+    if missing:
+        raise Failure(f"{url} does not list set {', '.join(map(repr, missing))}; it lists: "
+                      f"{some(offered_sets)} (see `oaipmh-dagster sets {url}`; "
+                      "--no-check registers it anyway)")
     return ident.repository_name
 
 
@@ -266,7 +277,7 @@ def harvester_add(harvester_id: str, url: str, prefix: str, sets: tuple[str, ...
     except HarvesterNotFound:
         pass
     if not no_check:
-        repo_name = _probe(url, prefix, h.timeout)
+        repo_name = _probe(url, prefix, h.timeout, h.sets)
         if not name:
             h = h.replace(name=repo_name[:255] or h.id)
     try:
@@ -325,8 +336,9 @@ def harvester_update(harvester_id: str, sets: tuple[str, ...], all_sets: bool, n
         raise UsageProblem(str(exc)) from exc
     if "transformer" in changes:
         _check_transformer(new.transformer)
-    if not no_check and ("base_url" in changes or "metadata_prefix" in changes):
-        _probe(new.base_url, new.metadata_prefix, new.timeout)
+    if not no_check and ("base_url" in changes or "metadata_prefix" in changes
+                         or ("sets" in changes and new.sets)):
+        _probe(new.base_url, new.metadata_prefix, new.timeout, new.sets)
     try:
         registry.update(harvester_id, **changes)
     except (InvalidHarvester, HarvesterNotFound) as exc:

@@ -54,16 +54,16 @@ def test_init(run, database_url: str) -> None:
 def test_add_probes_the_server(run, database_url: str, server: OAIServer) -> None:
     server.clear_log()
     r = run("harvester", "add", "demo", "--url", server.base_url, "--prefix", "oai_dc",
-            "--set", "physics", "--cron", "0 3 * * *", "--timezone", "Europe/Prague",
+            "--set", "publications", "--cron", "0 3 * * *", "--timezone", "Europe/Prague",
             "--disabled", "--max-retries", "2", "--timeout", "20", "--comment", "hi")
     assert r.code == 0, r.err
     assert "added harvester demo" in r.out
     assert "harvest_oaipmh_records_demo" in r.out
     verbs = [entry.verb for entry in server.requests]
-    assert "Identify" in verbs and "ListMetadataFormats" in verbs
+    assert "Identify" in verbs and "ListMetadataFormats" in verbs and "ListSets" in verbs
     h = registry().get("demo")
     assert h.base_url == server.base_url and h.metadata_prefix == "oai_dc"
-    assert h.sets == ("physics",) and h.cron == "0 3 * * *" and h.timezone == "Europe/Prague"
+    assert h.sets == ("publications",) and h.cron == "0 3 * * *" and h.timezone == "Europe/Prague"
     assert not h.enabled and h.max_retries == 2 and h.timeout == 20 and h.comment == "hi"
     assert h.name == "Demo Research Repository"  # taken from Identify
     assert h.transformer == "oai_dc"
@@ -93,6 +93,79 @@ def test_add_unreachable_server(run, database_url: str, closed_port_url: str) ->
     assert r.code == 1
     assert "--no-check" in r.error_line
     assert registered() == []
+
+
+@pytest.fixture(scope="module")
+def many_sets() -> Iterator[OAIServer]:
+    srv = OAIServer(make_dataset(5, seed=1, sets=12), page_size=5).start()
+    yield srv
+    srv.stop()
+
+
+def test_add_refuses_a_set_the_server_does_not_list(run, database_url: str,
+                                                    many_sets: OAIServer) -> None:
+    offered = list(many_sets.dataset.sets)
+    assert len(offered) == 12
+    r = run("harvester", "add", "demo", "--url", many_sets.base_url, "--prefix", "oai_dc",
+            "--set", offered[3], "--set", "publicatons")
+    assert r.code == 1
+    line = r.error_line
+    assert "'publicatons'" in line and f"'{offered[3]}'" not in line
+    assert ", ".join(offered[:10]) + " and 2 more" in line  # every page was read
+    assert offered[11] not in line.split("and 2 more")[0]
+    assert "--no-check" in line
+    assert r.out == "" and registered() == []
+    r = run("harvester", "add", "demo", "--url", many_sets.base_url, "--prefix", "oai_dc",
+            "--set", offered[3], "--set", offered[11])
+    assert r.code == 0, r.err
+    assert registry().get("demo").sets == (offered[3], offered[11])
+
+
+def test_add_refuses_sets_when_the_server_has_none(run, database_url: str) -> None:
+    with OAIServer(make_dataset(3, sets=0)) as srv:
+        r = run("harvester", "add", "demo", "--url", srv.base_url, "--prefix", "oai_dc",
+                "--set", "any")
+        assert r.code == 1
+        assert "does not support sets" in r.error_line
+        assert registered() == []
+        r = run("harvester", "add", "demo", "--url", srv.base_url, "--prefix", "oai_dc")
+        assert r.code == 0, r.err
+
+
+def test_add_set_no_check(run, database_url: str, many_sets: OAIServer) -> None:
+    many_sets.clear_log()
+    r = run("harvester", "add", "demo", "--url", many_sets.base_url, "--prefix", "oai_dc",
+            "--set", "nosuch", "--no-check")
+    assert r.code == 0, r.err
+    assert many_sets.requests == []
+    assert registry().get("demo").sets == ("nosuch",)
+
+
+def test_update_checks_the_sets(run, database_url: str, many_sets: OAIServer) -> None:
+    offered = list(many_sets.dataset.sets)
+    add(run, "demo", "--set", offered[0], url=many_sets.base_url)
+    before = registered()
+    r = run("harvester", "update", "demo", "--set", "nosuch")
+    assert r.code == 1
+    assert "'nosuch'" in r.error_line and "and 2 more" in r.error_line
+    assert r.out == "" and registered() == before
+    many_sets.clear_log()
+    r = run("harvester", "update", "demo", "--set", offered[5])
+    assert r.code == 0, r.err
+    assert "ListSets" in {e.verb for e in many_sets.requests}
+    assert registry().get("demo").sets == (offered[5],)
+    r = run("harvester", "update", "demo", "--set", "nosuch", "--no-check")
+    assert r.code == 0, r.err
+    assert registry().get("demo").sets == ("nosuch",)
+
+
+def test_update_url_checks_the_kept_sets(run, database_url: str, many_sets: OAIServer) -> None:
+    add(run, "demo", "--set", "nosuch")
+    before = registered()
+    r = run("harvester", "update", "demo", "--url", many_sets.base_url)
+    assert r.code == 1
+    assert "'nosuch'" in r.error_line
+    assert registered() == before
 
 
 @pytest.mark.parametrize(("argv", "code", "needle"), [
@@ -180,7 +253,7 @@ def test_show_unknown(run, database_url: str) -> None:
 def test_update(run, database_url: str, server: OAIServer) -> None:
     add(run, "demo", "--set", "a", "--cron", "0 1 * * *")
     r = run("harvester", "update", "demo", "--cron", "0 2 * * *", "--set", "b", "--set", "c",
-            "--disabled", "--name", "New name")
+            "--disabled", "--name", "New name", "--no-check")
     assert r.code == 0, r.err
     h = registry().get("demo")
     assert h.cron == "0 2 * * *" and h.sets == ("b", "c") and not h.enabled
