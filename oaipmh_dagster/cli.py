@@ -646,19 +646,44 @@ def _user_datetime(label: str, value: str | None) -> datetime | None:
 @cli.command()
 @click.argument("harvester_id", metavar="ID")
 @click.option("--errors", "errors_only", is_flag=True, help="Only records with errors.")
+@click.option("--since", metavar="DATE", help="Only records whose datestamp is on or after "
+              "DATE (YYYY-MM-DD or ISO 8601; UTC unless it has an offset).")
+@click.option("--set", "set_spec", metavar="SET", help="Only records whose header lists SET.")
+@click.option("--deleted/--live", "deleted", default=None,
+              help="Only tombstones, or only live records.")
+@click.option("--id", "oai_id", metavar="OAI_ID", help="Only this record (exit 1 if no "
+              "record matches).")
+@click.option("--raw", is_flag=True, help="Print each record's stored XML, after a "
+              "<!-- identifier datestamp --> line; with --id, the XML alone. With --json: a "
+              "raw_xml field.")
 @click.option("--json", "as_json", is_flag=True, help="A JSON list of record objects.")
 @click.option("--limit", type=click.IntRange(min=0), help="At most this many records.")
-def records(harvester_id: str, errors_only: bool, as_json: bool, limit: int | None) -> None:
-    """Show the stored records of a harvester."""
+def records(harvester_id: str, errors_only: bool, since: str | None, set_spec: str | None,
+            deleted: bool | None, oai_id: str | None, raw: bool, as_json: bool,
+            limit: int | None) -> None:
+    """Show the stored records of a harvester, ordered by identifier."""
     from itertools import islice
 
-    from oaipmh_dagster.store import Store
+    from oaipmh_dagster.record_query import Selection, select_records
+    from oaipmh_dagster.registry import SET_SPEC_PATTERN
 
-    registry = _registry()
-    store = Store(registry.engine)
-    items = store.iter_records(harvester_id, errors_only=errors_only)
+    if set_spec is not None and not SET_SPEC_PATTERN.fullmatch(set_spec):
+        raise UsageProblem(f"--set: invalid set spec {set_spec!r}")
+    if oai_id is not None and not oai_id.strip():
+        raise UsageProblem("--id: an OAI identifier cannot be empty")
+    selection = Selection(since=_user_datetime("since", since), set_spec=set_spec,
+                          deleted=deleted, oai_id=oai_id, errors_only=errors_only)
+    items = select_records(_registry().engine, harvester_id, selection, with_raw=raw)
     if limit is not None:
         items = islice(items, limit)
+    if oai_id is not None:
+        items = iter(list(items))  # at most one: checked before anything is printed
+        found = next(items, None)
+        if found is None:
+            raise Failure(f"no record {oai_id!r} of harvester {harvester_id} matches")
+        if raw and not as_json and found["raw_xml"] is None:
+            raise Failure(f"record {oai_id!r} is deleted: no XML is stored")
+        items = iter([found])
     if as_json:
         out = sys.stdout
         out.write("[")
@@ -666,6 +691,27 @@ def records(harvester_id: str, errors_only: bool, as_json: bool, limit: int | No
             out.write(("," if i else "") + "\n  " + json.dumps(item, ensure_ascii=False))
         out.write("\n]\n")
         return
+    if raw:
+        _print_raw(items, alone=oai_id is not None)
+        return
+    _print_records(items)
+
+
+def _print_raw(items: Any, alone: bool) -> None:
+    """Each record's XML after a comment naming it (`alone`: the one record's XML only)."""
+    for item in items:
+        xml = item["raw_xml"]
+        if alone:
+            click.echo(xml)
+            return
+        label = f"{item['oai_identifier']} {item['datestamp']}".replace("--", "- -")
+        if xml is None:
+            click.echo(f"<!-- {label} deleted: no XML stored -->\n")
+        else:
+            click.echo(f"<!-- {label}{' deleted' if item['deleted'] else ''} -->\n{xml}\n")
+
+
+def _print_records(items: Any) -> None:
     from tabulate import tabulate
 
     rows = []
@@ -676,11 +722,12 @@ def records(harvester_id: str, errors_only: bool, as_json: bool, limit: int | No
             title = title[0] if title else ""
         if isinstance(title, dict):
             title = title.get("title", "")
-        rows.append([item["oai_identifier"], item["datestamp"], "deleted" if item["deleted"]
-                     else "", ",".join(item["sets"]), str(title)[:60],
+        rows.append([item["oai_identifier"], item["datestamp"],
+                     "deleted" if item["deleted"] else "live", ",".join(item["sets"]),
+                     str(title)[:60],
                      "; ".join(e.get("message", "")[:60] for e in item["errors"])])
-    click.echo(tabulate(rows, headers=["oai_identifier", "datestamp", "", "sets", "title",
-                                       "errors"]) if rows else "no records")
+    click.echo(tabulate(rows, headers=["oai_identifier", "datestamp", "status", "sets",
+                                       "title", "errors"]) if rows else "no records")
 
 
 @cli.command()
