@@ -737,7 +737,14 @@ def _print_records(items: Any) -> None:
               help="A file (replaced only when the export succeeds), a device or a named "
               "pipe (written in place), a symlink to one of them, or '-' for stdout.")
 def export(harvester_id: str, fmt: str, output: str) -> None:
-    """Export the records of a harvester."""
+    """Export the records of a harvester, ordered by identifier.
+
+    \b
+    parquet: written batch by batch; datestamp and harvested_at are UTC timestamps
+             (an unreadable datestamp is null), sets a list of strings, metadata
+             and errors JSON strings.
+    csv:     one column per metadata field (metadata.<field>, lists joined by ' | ').
+    jsonl:   one JSON object per line, as `records --json`."""
     from oaipmh_dagster.export import STDOUT, BadDestination, Destination, ExportError
     from oaipmh_dagster.export import export as do_export
     from oaipmh_dagster.store import Store

@@ -1,4 +1,5 @@
-"""Export a harvester's records to Parquet, CSV or JSON Lines (pandas)."""
+"""Export a harvester's records to Parquet (pyarrow, batch by batch), CSV (pandas) or
+JSON Lines."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from oaipmh_dagster.errors import OAIPMHDagsterError
 from oaipmh_dagster.flat import flatten
-from oaipmh_dagster.store import Store
+from oaipmh_dagster.store import DATESTAMP_PLACEHOLDER, Store
 
 FORMATS = ("parquet", "csv", "jsonl")
 STDOUT = "-"
@@ -174,19 +176,51 @@ def _write_csv(store: Store, harvester_id: str, fh: BinaryIO) -> int:
     return len(frame)
 
 
-def _write_parquet(store: Store, harvester_id: str, fh: BinaryIO) -> int:
-    import pandas as pd
+def parquet_schema() -> Any:
+    """The Parquet columns: datestamps as UTC timestamps (an unreadable datestamp, stored
+    as the placeholder, is null), sets a list of strings, metadata and errors JSON text."""
+    import pyarrow as pa
 
-    rows = []
-    for b in _batches(store, harvester_id):
-        for item in b:
-            rows.append({**item, "metadata": json.dumps(item["metadata"], ensure_ascii=False)
-                         if item["metadata"] is not None else None,
-                         "errors": json.dumps(item["errors"])})
-    frame = pd.DataFrame(rows, columns=["oai_identifier", "datestamp", "deleted", "sets",
-                                        "metadata", "errors", "harvested_at", "run_id"])
-    frame.to_parquet(fh, index=False)
-    return len(frame)
+    stamp = pa.timestamp("ms", tz="UTC")
+    return pa.schema([
+        ("oai_identifier", pa.string()), ("datestamp", stamp), ("deleted", pa.bool_()),
+        ("sets", pa.list_(pa.string())), ("metadata", pa.string()), ("errors", pa.string()),
+        ("harvested_at", stamp), ("run_id", pa.string()),
+    ])
+
+
+def _stamp(text: str | None) -> datetime | None:
+    """A stored datestamp (`...Z`, UTC) as a datetime; the placeholder is None."""
+    if not text or text == DATESTAMP_PLACEHOLDER:
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+def _write_parquet(store: Store, harvester_id: str, fh: BinaryIO) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = parquet_schema()
+    n = 0
+    with pq.ParquetWriter(fh, schema) as writer:
+        for b in _batches(store, harvester_id):
+            columns = {
+                "oai_identifier": [i["oai_identifier"] for i in b],
+                "datestamp": [_stamp(i["datestamp"]) for i in b],
+                "deleted": [i["deleted"] for i in b],
+                "sets": [i["sets"] for i in b],
+                "metadata": [None if i["metadata"] is None
+                             else json.dumps(i["metadata"], ensure_ascii=False) for i in b],
+                "errors": [json.dumps(i["errors"], ensure_ascii=False) for i in b],
+                "harvested_at": [_stamp(i["harvested_at"]) for i in b],
+                "run_id": [i["run_id"] for i in b],
+            }
+            writer.write_table(pa.Table.from_pydict(columns, schema=schema))
+            n += len(b)
+    return n
 
 
 def export(store: Store, harvester_id: str, fmt: str, output: str | os.PathLike[str]) -> int:

@@ -108,6 +108,66 @@ def test_cli_export(capsys: pytest.CaptureFixture[str], stored: Store, tmp_path:
         assert all(line["datestamp"].endswith("Z") for line in lines)
 
 
+PARQUET_TYPES = {
+    "oai_identifier": "string", "datestamp": "timestamp[ms, tz=UTC]", "deleted": "bool",
+    "sets": "list<element: string>", "metadata": "string", "errors": "string",
+    "harvested_at": "timestamp[ms, tz=UTC]", "run_id": "string",
+}
+
+
+def _parquet_types(path: Path) -> dict[str, str]:
+    import pyarrow.parquet as pq
+
+    return {f.name: str(f.type) for f in pq.read_schema(path)}
+
+
+def test_export_parquet_types(capsys: pytest.CaptureFixture[str], stored: Store,
+                              tmp_path: Path) -> None:
+    """Timestamps in UTC, sets a list, metadata and errors JSON strings, also when empty."""
+    from datetime import UTC, datetime
+
+    path = tmp_path / "out.parquet"
+    code, _, err = run(capsys, "export", "h", "--format", "parquet", "--output", str(path))
+    assert code == 0, err
+    assert _parquet_types(path) == PARQUET_TYPES
+    frame = pd.read_parquet(path)
+    assert frame["datestamp"].iloc[0] == pd.Timestamp(datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC))
+    assert frame["harvested_at"].iloc[0].tzinfo is not None
+    assert abs(frame["harvested_at"].iloc[0] - pd.Timestamp.now(tz="UTC")) < pd.Timedelta("1h")
+    assert list(frame["sets"].iloc[1]) == []
+    assert json.loads(frame["errors"].iloc[0]) == []
+    empty = tmp_path / "empty.parquet"
+    assert export(stored, "nobody", "parquet", empty) == 0
+    assert _parquet_types(empty) == PARQUET_TYPES
+
+
+def test_export_parquet_unreadable_datestamp_is_null(database_url: str,
+                                                     tmp_path: Path) -> None:
+    store = Store(db.get_engine(database_url))
+    write_page(store, "h", [rec("a", "not a date"), rec("b")], run_id="r1", transform=title_of)
+    path = tmp_path / "out.parquet"
+    assert export(store, "h", "parquet", path) == 2
+    frame = pd.read_parquet(path)
+    assert pd.isna(frame["datestamp"].iloc[0]) and not pd.isna(frame["datestamp"].iloc[1])
+    assert json.loads(frame["errors"].iloc[0])[0]["type"] == "datestamp"
+
+
+def test_export_parquet_is_written_batch_by_batch(stored: Store, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """One row group per batch: the records are never all in memory at once."""
+    import pyarrow.parquet as pq
+
+    from oaipmh_dagster import export as export_module
+
+    monkeypatch.setattr(export_module, "BATCH", 3)
+    path = tmp_path / "out.parquet"
+    assert export(stored, "h", "parquet", path) == 4
+    meta = pq.ParquetFile(path).metadata
+    assert meta.num_row_groups == 2
+    assert [meta.row_group(i).num_rows for i in range(2)] == [3, 1]
+    assert list(pd.read_parquet(path)["oai_identifier"]) == ["a", "b", "c", "d"]
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "csv", "jsonl"])
 def test_export_to_missing_directory(capsys: pytest.CaptureFixture[str], stored: Store,
                                      tmp_path: Path, fmt: str) -> None:
