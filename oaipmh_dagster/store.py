@@ -77,6 +77,17 @@ _UPDATED_COLUMNS = ("datestamp", "deleted", "sets", "raw_xml", "metadata", "erro
                     "harvested_at", "run_id", "transformed_at", "content_hash")
 
 
+_COLUMNS = tuple(c.name for c in record_table.columns)
+# The record upsert on psycopg2 as one multi-row statement per UPSERT_ROWS rows
+# (execute_values): an executemany runs one statement per row on the server.
+_PG_UPSERT = (
+    f"INSERT INTO oaipmh_record ({', '.join(_COLUMNS)}) VALUES %s "  # noqa: S608 - column names
+    "ON CONFLICT (harvester_id, oai_identifier) DO UPDATE SET "
+    + ", ".join(f"{c} = EXCLUDED.{c}" for c in _UPDATED_COLUMNS)
+)
+UPSERT_ROWS = 500
+
+
 def utc_datestamp(dt: datetime) -> str:
     """The store's datestamp form: ISO 8601 UTC to the second with a `Z`."""
     return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -101,6 +112,18 @@ class MetadataUpdate:
     transformed_at: datetime
 
 
+# The stored hashes of a page's records on PostgreSQL: one primary-key probe per
+# identifier. The plain `IN (...)` form is planned from the table's statistics, and
+# before the first ANALYZE of a growing table (a first harvest) the planner scanned all
+# of the harvester's rows through the datestamp index instead: 8-15 ms a page at 20,000
+# records and growing with the store, against 1.4-3 ms for this form.
+_PG_EXISTING = sa.text(
+    "SELECT v.id, r.content_hash FROM unnest(CAST(:ids AS text[])) AS v(id) "
+    "CROSS JOIN LATERAL (SELECT content_hash FROM oaipmh_record "
+    "WHERE harvester_id = :h AND oai_identifier = v.id LIMIT 1) AS r"
+)
+
+
 class PageWrite:
     """The record writes of one transaction (`Store.page`): values are stored as given."""
 
@@ -122,8 +145,19 @@ class PageWrite:
     def upsert(self, rows: Sequence[dict[str, Any]]) -> None:
         """Insert or replace whole rows (JSON columns already serialized as text: see
         `WRITE_COLUMNS`)."""
-        if rows:
-            self.conn.execute(self._upsert, list(rows))
+        if not rows:
+            return
+        if self.conn.dialect.driver == "psycopg2":
+            from psycopg2.extras import execute_values
+
+            cursor = self.conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            try:
+                execute_values(cursor, _PG_UPSERT, [tuple(r[c] for c in _COLUMNS) for r in rows],
+                               page_size=UPSERT_ROWS)
+            finally:
+                cursor.close()
+            return
+        self.conn.execute(self._upsert, list(rows))
 
     def live_raw(self, after: str, limit: int) -> list[tuple[str, str | None]]:
         """(identifier, raw XML) of up to `limit` live records after `after`, in order."""
@@ -175,10 +209,12 @@ class Store:
             set_={c: stmt.excluded[c] for c in _UPDATED_COLUMNS},
         )
         w = _record_write.c
-        self._existing = sa.select(w.oai_identifier, w.content_hash).where(
+        self._existing: Any = sa.select(w.oai_identifier, w.content_hash).where(
             w.harvester_id == sa.bindparam("h"),
             w.oai_identifier.in_(sa.bindparam("ids", expanding=True)),
         )
+        if self.engine.dialect.name == "postgresql":
+            self._existing = _PG_EXISTING
 
     # -- writes ---------------------------------------------------------------------
 
