@@ -213,7 +213,8 @@ class Store:
             w.harvester_id == sa.bindparam("h"),
             w.oai_identifier.in_(sa.bindparam("ids", expanding=True)),
         )
-        if self.engine.dialect.name == "postgresql":
+        self._postgres = self.engine.dialect.name == "postgresql"
+        if self._postgres:
             self._existing = _PG_EXISTING
 
     # -- writes ---------------------------------------------------------------------
@@ -227,6 +228,11 @@ class Store:
         `LeaseLost` when another run took it over, and nothing is written."""
         lease = self.leases.held(harvester_id, run_id)
         with self.engine.begin() as conn:
+            if self._postgres:
+                # A page need not wait for its WAL flush: a database crash can lose only
+                # the last commits, each page whole with its checkpoint, and the next
+                # harvest resumes from the checkpoint that survived (5 ms a page here).
+                conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
             if lease is not None:
                 self.leases.fence(conn, lease, KEEP if checkpoint is None else checkpoint)
             elif checkpoint is not None:
