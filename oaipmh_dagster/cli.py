@@ -437,27 +437,37 @@ def _stop_schedule(name: str, harvester_id: str) -> None:
 
 
 @harvester.command("list")
-@click.option("--json", "as_json", is_flag=True, help="A JSON list of harvester objects.")
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of harvester objects, "
+              "each with a `state`: {schedule, last_run, since}.")
 def harvester_list(as_json: bool) -> None:
-    """List harvesters."""
+    """List harvesters: the schedule's state in the Dagster instance ("no cron", "on",
+    "off"), the last run and the since the next run would use."""
+    from oaipmh_dagster.harvester_state import harvester_states
+
     rows = _registry().list_rows()
+    if not rows:
+        click.echo("[]" if as_json else
+                   "no harvesters (add one with `oaipmh-dagster harvester add`)")
+        return
+    states = harvester_states(_instance(), [r for r in rows if isinstance(r, Harvester)])
     if as_json:
-        click.echo(json.dumps([r.to_dict() if isinstance(r, Harvester)
+        click.echo(json.dumps([r.to_dict() | {"state": states[r.id]} if isinstance(r, Harvester)
                                else {"id": r.id, "invalid": r.error} for r in rows], indent=2))
         return
     from tabulate import tabulate
 
-    table = [
-        [r.id, r.base_url, r.metadata_prefix, ",".join(r.sets) or "-", r.cron or "-",
-         "on" if r.enabled else "off", r.transformer]
-        if isinstance(r, Harvester) else [r.id, f"INVALID: {r.error}", "", "", "", "", ""]
-        for r in rows
-    ]
-    if not table:
-        click.echo("no harvesters (add one with `oaipmh-dagster harvester add`)")
-        return
+    table = []
+    for r in rows:
+        if not isinstance(r, Harvester):
+            table.append([r.id, f"INVALID: {r.error}"] + [""] * 7)
+            continue
+        state, last = states[r.id], states[r.id]["last_run"]
+        table.append([r.id, r.base_url, r.metadata_prefix, ",".join(r.sets) or "-",
+                      r.cron or "-", state["schedule"],
+                      f"{last['status']} {last['at']}" if last else "-",
+                      state["since"] or "full next", r.transformer])
     click.echo(tabulate(table, headers=["id", "url", "prefix", "sets", "cron", "schedule",
-                                        "transformer"]))
+                                        "last run", "since", "transformer"]))
 
 
 @harvester.command("show")

@@ -232,7 +232,7 @@ def test_list_and_show(run, database_url: str) -> None:
     assert r.code == 0 and "alpha" in r.out and "s1,s2" in r.out
     items = json.loads(run("harvester", "list", "--json").out)
     assert [i["id"] for i in items] == ["alpha", "beta"]
-    assert all(set(i) == JSON_KEYS for i in items)
+    assert all(set(i) == JSON_KEYS | {"state"} for i in items)
     r = run("harvester", "show", "beta", "--json")
     assert r.code == 0
     shown = json.loads(r.out)
@@ -351,7 +351,7 @@ def test_invalid_row(run, database_url: str) -> None:
     assert r.code == 0 and "INVALID" in r.out and "good" in r.out
     items = json.loads(run("harvester", "list", "--json").out)
     assert items[0]["id"] == "broken" and "cron" in items[0]["invalid"]
-    assert items[1]["id"] == "good" and set(items[1]) == JSON_KEYS
+    assert items[1]["id"] == "good" and set(items[1]) == JSON_KEYS | {"state"}
     r = run("harvester", "show", "broken")
     assert r.code == 1 and "broken" in r.error_line
     r = run("harvester", "update", "broken", "--cron", "0 * * * *")

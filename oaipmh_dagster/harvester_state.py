@@ -1,0 +1,81 @@
+"""What `harvester list` shows beside each registry row, read from the Dagster instance:
+the schedule's state, the last run, and the since the next run would use."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import dagster as dg
+
+from oaipmh_dagster.contracts import HARVESTER_TAG
+from oaipmh_dagster.registry import Harvester
+
+__all__ = ["harvester_states", "last_run", "schedule_label", "stored_schedule_statuses"]
+
+
+def stored_schedule_statuses(instance: dg.DagsterInstance) -> dict[str, str]:
+    """Schedule name -> "RUNNING" or "STOPPED" as the instance stores it (once started or
+    stopped in the UI or by the daemon); a schedule without a stored state, or one that
+    defers to its code, is absent: its default status applies. Reads the instance's
+    instigator states (`all_instigator_state`, not a documented Dagster API)."""
+    out: dict[str, str] = {}
+    for state in instance.all_instigator_state():
+        if state.instigator_type.value != "SCHEDULE":
+            continue
+        status = state.status.value
+        if status in ("RUNNING", "STOPPED") and out.get(state.name) != "RUNNING":
+            out[state.name] = status  # one running state (of any location) wins
+    return out
+
+
+def schedule_label(h: Harvester, stored: str | None) -> str:
+    """"no cron" (nothing is ever scheduled), else "on" or "off": the stored status, or
+    the default (on when enabled)."""
+    if not h.cron:
+        return "no cron"
+    if stored is not None:
+        return "on" if stored == "RUNNING" else "off"
+    return "on" if h.enabled else "off"
+
+
+def _utc(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def last_run(instance: dg.DagsterInstance, harvester_id: str) -> dict[str, Any] | None:
+    """The newest run of the harvester: {run_id, status, at} (at: end, else start, else
+    creation time, UTC), or None."""
+    records = instance.get_run_records(
+        filters=dg.RunsFilter(tags={HARVESTER_TAG: harvester_id}), limit=1)
+    if not records:
+        return None
+    record = records[0]
+    at = record.end_time or record.start_time or record.create_timestamp.timestamp()
+    return {"run_id": record.dagster_run.run_id, "status": record.dagster_run.status.value,
+            "at": _utc(at)}
+
+
+def harvester_states(instance: dg.DagsterInstance,
+                     harvesters: Sequence[Harvester]) -> dict[str, dict[str, Any]]:
+    """id -> {schedule, last_run, since} (since None: the next run is a full harvest).
+    A harvester none of whose assets has an event yet has had no run (a run plans its
+    assets when it is created): its run and since queries are skipped."""
+    from oaipmh_dagster.dagster_parts.assets import asset_keys
+    from oaipmh_dagster.dagster_parts.since import resolve_since
+
+    stored = stored_schedule_statuses(instance)
+    keys = {h.id: asset_keys(h.id) for h in harvesters}
+    known = {r.asset_entry.asset_key for r in instance.get_asset_records(
+        [key for three in keys.values() for key in three])}
+    out = {}
+    for h in harvesters:
+        raw_key = keys[h.id][1]
+        seen = any(key in known for key in keys[h.id])
+        since = resolve_since(instance, h, since=None, full=False, raw_key=raw_key,
+                              **({} if raw_key in known else {"state": None}))
+        out[h.id] = {"schedule": schedule_label(h, stored.get(h.job_name)),
+                     "last_run": last_run(instance, h.id) if seen else None,
+                     "since": since.value}
+    return out
