@@ -30,7 +30,9 @@ from oaipmh_dagster.contracts import (
 )
 from oaipmh_dagster.contracts import host_pool as _host_pool
 from oaipmh_dagster.dagster_parts._private import renamed_op
+from oaipmh_dagster.dagster_parts.catalog import asset_owners, asset_tags
 from oaipmh_dagster.dagster_parts.config import HarvestConfig
+from oaipmh_dagster.dagster_parts.freshness import freshness_policy
 from oaipmh_dagster.dagster_parts.listener import LISTENER_KEY
 from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
 from oaipmh_dagster.dagster_parts.since import ResolvedSince, resolve_since
@@ -74,24 +76,28 @@ def build_harvester_assets(h: Harvester) -> list[dg.AssetsDefinition]:
     source_key, raw_key, records_key = asset_keys(h.id)
     group = group_name(h.id)
     sets = ", ".join(h.sets) or "(whole repository)"
+    # The catalog filters by these (host, prefix, set; owners from the environment).
+    tags, owners = asset_tags(h), asset_owners()
     source = dg.AssetSpec(
         source_key,
         description=f"OAI-PMH endpoint {h.base_url} (metadataPrefix {h.metadata_prefix}, "
         f"sets {sets}). Not materialized here: the remote repository.",
         group_name=group,
-        kinds={"oaipmh"},
+        kinds={"oaipmh"}, tags=tags, owners=owners,
         metadata={"url": dg.MetadataValue.url(h.base_url), "metadata_prefix": h.metadata_prefix,
                   "sets": sets},
     )
     specs = [
         dg.AssetSpec(
             raw_key, deps=[source_key], group_name=group, kinds={"oaipmh", "xml"},
+            tags=tags, owners=owners, freshness_policy=freshness_policy(h),
             description=f"Headers and raw {h.metadata_prefix} XML of {h.name}, upserted per "
             "page into oaipmh_record (deleted records kept as tombstones).",
             skippable=True,
         ),
         dg.AssetSpec(
             records_key, deps=[raw_key], group_name=group, kinds={"oaipmh", "json"},
+            tags=tags, owners=owners,
             description=f"Records of {h.name} transformed by '{h.transformer}' into JSON "
             "(re-materializing only this asset re-transforms the stored raw XML).",
             # The column schema rides on each materialization, not on the spec: on the
