@@ -15,6 +15,7 @@ import dagster as dg
 from oaipmh_dagster import db
 from oaipmh_dagster.contracts import ROWS_KEY
 from oaipmh_dagster.dagster_parts._private import LoadContext
+from oaipmh_dagster.dagster_parts.alerts import build_alert_sensor
 from oaipmh_dagster.dagster_parts.assets import build_harvester_assets
 from oaipmh_dagster.dagster_parts.jobs import build_harvest_job
 from oaipmh_dagster.dagster_parts.listener import LISTENER_KEY, listener_resource
@@ -56,11 +57,15 @@ def build_definitions(
         assets.extend(harvester_assets)
         jobs.append(job)
         schedules.append(build_schedule(h, job))
+    sensors = [build_since_sensor(harvesters, location_name)]
+    alert = build_alert_sensor()  # only with OAIPMH_ALERT_WEBHOOK set
+    if alert is not None:
+        sensors.append(alert)
     return dg.Definitions(
         assets=assets,
         jobs=jobs,
         schedules=schedules,
-        sensors=[build_since_sensor(harvesters, location_name)],
+        sensors=sensors,
         resources=resources,
     )
 
