@@ -442,7 +442,7 @@ def _stop_schedule(name: str, harvester_id: str) -> None:
 def harvester_list(as_json: bool) -> None:
     """List harvesters: the schedule's state in the Dagster instance ("no cron", "on",
     "off"), the last run and the since the next run would use."""
-    from oaipmh_dagster.harvester_state import harvester_states
+    from oaipmh_dagster.dagster_parts.harvester_state import harvester_states
 
     rows = _registry().list_rows()
     if not rows:

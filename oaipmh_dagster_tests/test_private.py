@@ -15,7 +15,7 @@ from oaipmh_dagster.dagster_parts import _private
 from oaipmh_dagster.dagster_parts.assets import _harvest_op, build_harvester_assets
 from oaipmh_dagster.definitions import defs
 from oaipmh_dagster.registry import Harvester
-from oaipmh_dagster_tests.instigators import start_sensor
+from oaipmh_dagster_tests.instigators import start_schedule, start_sensor
 
 PACKAGE = Path(__file__).resolve().parents[1] / "oaipmh_dagster"
 
@@ -94,6 +94,17 @@ def test_read_sensor_cursor_of_a_started_sensor(sqlite_url: str) -> None:
         assert _private.read_sensor_cursor(instance, "other_sensor", "here") is None
         # (stop_schedule_states: exercised on a real schedule in test_schedule_stop.py)
         assert _private.stop_schedule_states(instance, SENSOR_NAME) == 0  # not a schedule
+
+
+def test_stored_schedule_statuses_one_running_state_wins(sqlite_url: str) -> None:
+    with dg.instance_for_test() as instance:
+        assert _private.stored_schedule_statuses(instance) == {}
+        start_schedule(instance, "harvest_oaipmh_records_a", "here", "0 0 * * *")
+        start_schedule(instance, "harvest_oaipmh_records_b", "here", "0 0 * * *")
+        _private.stop_schedule_states(instance, "harvest_oaipmh_records_b")
+        start_sensor(instance, SENSOR_NAME, "here", "{}")  # not a schedule: left out
+        assert _private.stored_schedule_statuses(instance) == {
+            "harvest_oaipmh_records_a": "RUNNING", "harvest_oaipmh_records_b": "STOPPED"}
 
 
 def test_forget_defs_state_storage_lets_a_later_load_succeed(sqlite_url: str) -> None:

@@ -35,6 +35,9 @@ Why each stays private, and the public fallback:
   server to shut down), more with many. Fallback: leave a started schedule of a removed
   harvester running in the instance (a harvester added again under that id would then
   start with it running).
+- `stored_schedule_statuses`: `harvester list` shows each schedule's stored on/off state
+  without a webserver. Fallback: GraphQL `scheduleOrError` when a webserver answers,
+  else the registry's default (on when enabled with a cron).
 - `forget_defs_state_storage`: tests reset the instance Dagster remembers in a context
   variable between instances (no fallback needed outside tests).
 """
@@ -156,6 +159,20 @@ def read_sensor_cursor(
     if len(states) != 1:
         return None
     return getattr(states[0].instigator_data, "cursor", None)
+
+
+def stored_schedule_statuses(instance: dg.DagsterInstance) -> dict[str, str]:
+    """Schedule name -> "RUNNING" or "STOPPED" as the instance stores it (once started or
+    stopped in the UI or by the daemon); a schedule without a stored state, or one that
+    defers to its code, is absent: its default status applies. One running state (of any
+    location) wins."""
+    out: dict[str, str] = {}
+    for state in instance.all_instigator_state(instigator_type=InstigatorType.SCHEDULE):
+        status = state.status
+        if status in (InstigatorStatus.RUNNING, InstigatorStatus.STOPPED) \
+                and out.get(state.name) != "RUNNING":
+            out[state.name] = status.value
+    return out
 
 
 def stop_schedule_states(instance: dg.DagsterInstance, name: str) -> int:

@@ -10,24 +10,10 @@ from typing import Any
 import dagster as dg
 
 from oaipmh_dagster.contracts import HARVESTER_TAG
+from oaipmh_dagster.dagster_parts._private import stored_schedule_statuses
 from oaipmh_dagster.registry import Harvester
 
 __all__ = ["harvester_states", "last_run", "schedule_label", "stored_schedule_statuses"]
-
-
-def stored_schedule_statuses(instance: dg.DagsterInstance) -> dict[str, str]:
-    """Schedule name -> "RUNNING" or "STOPPED" as the instance stores it (once started or
-    stopped in the UI or by the daemon); a schedule without a stored state, or one that
-    defers to its code, is absent: its default status applies. Reads the instance's
-    instigator states (`all_instigator_state`, not a documented Dagster API)."""
-    out: dict[str, str] = {}
-    for state in instance.all_instigator_state():
-        if state.instigator_type.value != "SCHEDULE":
-            continue
-        status = state.status.value
-        if status in ("RUNNING", "STOPPED") and out.get(state.name) != "RUNNING":
-            out[state.name] = status  # one running state (of any location) wins
-    return out
 
 
 def schedule_label(h: Harvester, stored: str | None) -> str:
