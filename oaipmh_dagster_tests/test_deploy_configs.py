@@ -4,7 +4,11 @@ installed, and the Postgres one runs a job on a fresh PostgreSQL database."""
 
 from __future__ import annotations
 
+import fnmatch
 import importlib.util
+import json
+import re
+import shlex
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -242,3 +246,198 @@ def test_postgres_config_runs_a_job(fresh_pg: str, tmp_path: Path) -> None:
         assert runs == 1
     finally:
         instance.dispose()
+
+
+# -- retries -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_deploy_config_retries_failed_runs(name: str, tmp_path: Path) -> None:
+    """Production instances retry a failed run (a retry resumes from the checkpoint)."""
+    config = _validate_instance_yaml(DEPLOY / name / "dagster.yaml", tmp_path)
+    retries = config["run_retries"]
+    assert retries["enabled"] is True and retries["max_retries"] >= 1
+    assert "checkpoint" in (DEPLOY / name / "dagster.yaml").read_text()
+
+
+def test_retries_enable_the_daemon_that_launches_them(tmp_path: Path) -> None:
+    """An instance of these settings runs the daemon that launches the retries (SQLite
+    storage stands in for Postgres here)."""
+    raw = _load("postgres")
+    del raw["storage"]
+    home = tmp_path / "retry_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(yaml.safe_dump(raw))
+    instance = dg.DagsterInstance.from_config(str(home))
+    try:
+        assert instance.run_retries_enabled
+        assert instance.run_retries_max_retries == raw["run_retries"]["max_retries"]
+        assert "EVENT_LOG_CONSUMER" in instance.get_required_daemon_types()
+    finally:
+        instance.dispose()
+
+
+# -- the code location image, compose, Helm and the gRPC workspace ---------------------
+
+
+def _dockerfile() -> list[tuple[str, str]]:
+    """(instruction, arguments) of the Dockerfile, continuation lines joined."""
+    text = (REPO_ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            instruction, _, args = line.partition(" ")
+            out.append((instruction.upper(), " ".join(args.split())))
+    return out
+
+
+def _dockerfile_cmd() -> list[str]:
+    (cmd,) = [args for instruction, args in _dockerfile() if instruction == "CMD"]
+    return json.loads(cmd)
+
+
+def _readme_deploy_block() -> list[str]:
+    """The command lines of the sh blocks of the README's "Deploy" section."""
+    text = (REPO_ROOT / "README.md").read_text()
+    section = text[text.index("\n## Deploy\n") + 1:]
+    section = section[:section.index("\n## ")]
+    lines = []
+    for block in section.split("```sh\n")[1:]:
+        block = block[:block.index("```")].replace("\\\n", " ")
+        lines += [" ".join(line.split()) for line in block.splitlines()
+                  if line.strip() and not line.strip().startswith("#")]
+    return lines
+
+
+def test_dockerfile_commands_are_the_readmes() -> None:
+    lines = _readme_deploy_block()
+    assert shlex.join(_dockerfile_cmd()) in lines
+    for instruction, args in _dockerfile():
+        if instruction == "RUN":
+            for command in args.split("&&"):
+                if command.strip().startswith("pip "):
+                    assert command.strip() in lines, command
+    assert "docker build -t oaipmh-dagster ." in lines
+
+
+def test_dockerfile_serves_the_definitions_module() -> None:
+    cmd = _dockerfile_cmd()
+    assert cmd[:3] == ["dagster", "code-server", "start"]
+    assert cmd[cmd.index("-m") + 1] == "oaipmh_dagster.definitions"
+    workspace = _grpc_workspace()
+    assert cmd[cmd.index("--location-name") + 1] == workspace["location_name"]
+    assert int(cmd[cmd.index("-p") + 1]) == workspace["port"]
+    assert ("EXPOSE", str(workspace["port"])) in _dockerfile()
+
+
+def test_dockerignore_keeps_what_the_image_copies() -> None:
+    ignored = [line.strip() for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")]
+    for instruction, args in _dockerfile():
+        if instruction == "COPY":
+            for source in args.split()[:-1]:
+                assert (REPO_ROOT / source).exists(), source
+                assert not any(fnmatch.fnmatch(source, pattern) for pattern in ignored), source
+    assert "oaipmh_dagster_tests" in ignored and ".venv" in ignored
+
+
+def _grpc_workspace() -> dict[str, Any]:
+    (entry,) = yaml.safe_load((REPO_ROOT / "workspace-grpc.yaml").read_text())["load_from"]
+    return entry["grpc_server"]
+
+
+def test_grpc_workspace_is_accepted_by_dagster(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dagster._core.errors import DagsterInvalidConfigError
+    from dagster._core.workspace.config_schema import ensure_workspace_config
+
+    path = REPO_ROOT / "workspace-grpc.yaml"
+    raw = yaml.safe_load(path.read_text())
+    assert _grpc_workspace()["host"] == {"env": "OAIPMH_CODE_SERVER_HOST"}
+    monkeypatch.delenv("OAIPMH_CODE_SERVER_HOST", raising=False)
+    with pytest.raises(DagsterInvalidConfigError, match="OAIPMH_CODE_SERVER_HOST"):
+        ensure_workspace_config(raw, str(path))
+    monkeypatch.setenv("OAIPMH_CODE_SERVER_HOST", "127.0.0.1")
+    checked = ensure_workspace_config(raw, str(path))
+    (entry,) = checked["load_from"]  # type: ignore[misc]
+    assert entry["grpc_server"]["host"] == "127.0.0.1"
+
+
+def _compose() -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY / "docker" / "compose.yaml").read_text())
+
+
+def test_compose_runs_postgres_webserver_daemon_and_code_server() -> None:
+    compose = _compose()
+    services = compose["services"]
+    assert set(services) == {"postgres", "code-server", "webserver", "daemon"}
+    build = services["code-server"]["build"]
+    assert (DEPLOY / "docker" / build["context"] / build["dockerfile"]).resolve() == (
+        REPO_ROOT / "Dockerfile")
+    assert "command" not in services["code-server"]  # the image's CMD
+    assert services["webserver"]["command"][:3] == ["dagster-webserver", "-w",
+                                                    "workspace-grpc.yaml"]
+    assert services["daemon"]["command"][:4] == ["dagster-daemon", "run", "-w",
+                                                 "workspace-grpc.yaml"]
+    for name in ("code-server", "webserver", "daemon"):
+        service = services[name]
+        env = service["environment"]
+        assert env["OAIPMH_CODE_SERVER_HOST"] == "code-server"
+        assert env["DAGSTER_PG_HOST"] == "postgres"
+        assert set(PG_ENV) <= set(env)
+        # The instance is deploy/postgres/dagster.yaml, mounted as $DAGSTER_HOME/dagster.yaml.
+        (volume,) = service["volumes"]
+        source, target, _ = volume.split(":")
+        assert (DEPLOY / "docker" / source).resolve() == DEPLOY / "postgres" / "dagster.yaml"
+        assert target == f"{env['DAGSTER_HOME']}/dagster.yaml"
+        assert service["depends_on"]["postgres"]["condition"] == "service_healthy"
+        # The records live in their own database, which initdb creates.
+        url = sa.engine.make_url(env["OAIPMH_DATABASE_URL"].replace(
+            "${DAGSTER_PG_PASSWORD:-dagster}", "x"))
+        assert url.database != env["DAGSTER_PG_DB"] and url.host == "postgres"
+        assert url.drivername == "postgresql+psycopg2"
+        init = (DEPLOY / "docker" / "initdb" / "oaipmh.sql").read_text()
+        assert f"CREATE DATABASE {url.database}" in init
+    for name in ("webserver", "daemon"):
+        assert services[name]["depends_on"]["code-server"]["condition"] == "service_healthy"
+
+
+def _values() -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY / "k8s" / "values.yaml").read_text())
+
+
+def test_helm_values_run_the_code_location() -> None:
+    values = _values()
+    users = values["dagster-user-deployments"]
+    assert users["enabled"] is True
+    (deployment,) = users["deployments"]
+    name = deployment["name"]
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name)  # a Kubernetes name
+    args = deployment["codeServerArgs"]
+    assert args[args.index("-m") + 1] == "oaipmh_dagster.definitions"
+    # The chart names the location after the deployment: the server must use that name.
+    assert args[args.index("--location-name") + 1] == name
+    assert {"name": "oaipmh-database"} in deployment["envSecrets"]
+    launcher = values["runLauncher"]
+    assert launcher["type"] == "K8sRunLauncher"
+    assert {"name": "oaipmh-database"} in launcher["config"]["k8sRunLauncher"]["envSecrets"]
+
+
+def test_helm_values_keep_the_instance_settings() -> None:
+    """The chart's instance: the same limits, pools and retries as deploy/k8s/dagster.yaml."""
+    values, instance = _values(), _load("k8s")
+    concurrency = values["concurrency"]
+    assert concurrency["enabled"] is True
+    limits = {lim["key"]: lim for lim in concurrency["runs"]["tagConcurrencyLimits"]}
+    assert {k: v["limit"] for k, v in limits.items()} == LIMIT_KEYS
+    assert all(v["value"] == {"applyLimitPerUniqueValue": True} for v in limits.values())
+    assert concurrency["runs"]["maxConcurrentRuns"] == (
+        instance["concurrency"]["runs"]["max_concurrent_runs"])
+    assert concurrency["pools"] == {"defaultLimit": POOLS["default_limit"],
+                                    "granularity": POOLS["granularity"]}
+    coordinator = values["dagsterDaemon"]["runCoordinator"]
+    assert coordinator["type"] == "QueuedRunCoordinator"
+    assert "config" not in coordinator  # limits only under `concurrency`
+    retries = values["dagsterDaemon"]["runRetries"]
+    assert retries == {"enabled": True,
+                       "maxRetries": instance["run_retries"]["max_retries"]}
