@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -121,6 +123,34 @@ def stop_group(proc: subprocess.Popen, timeout: float = 20.0) -> None:
         pass
 
 
+def port_in_use(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:`port` (a port left in TIME_WAIT is free:
+    servers bind with SO_REUSEADDR, as this probe does)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _busy(what: str, port: int, option: str, variable: str) -> str:
+    return (f"oaipmh-dagster: error: {what} port {port} on 127.0.0.1 is in use: choose "
+            f"another with {option} (make demo {variable}=...)")
+
+
+def wait_for_ui(url: str, proc: subprocess.Popen, poll: float = 0.5) -> bool:
+    """Wait until the UI at `url` answers (True), or until `proc` ends (False)."""
+    while proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{url}/server_info", timeout=2):  # noqa: S310 - loopback
+                return True
+        except (OSError, ValueError):
+            time.sleep(poll)
+    return False
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -139,11 +169,20 @@ def run_demo(
     home.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("DAGSTER_HOME", str(home))
     ensure_instance_yaml(home)
+    # Before any harvest: a busy UI port would only show once `dagster dev` fails.
+    if ui and port_in_use(ui_port):
+        click.echo(_busy("the Dagster UI's", ui_port, "--port", "PORT"), err=True)
+        return 1
     server = OAIServer(make_dataset(n_records, seed=1), port=oai_port)
     try:
         server.start()
     except OSError as exc:
-        click.echo(f"oaipmh-dagster: error: cannot listen on 127.0.0.1:{oai_port}: {exc}", err=True)
+        if oai_port and port_in_use(oai_port):
+            click.echo(_busy("the demo endpoint's", oai_port, "--oai-port", "OAI_PORT"),
+                       err=True)
+        else:
+            click.echo(f"oaipmh-dagster: error: cannot listen on 127.0.0.1:{oai_port}: {exc}",
+                       err=True)
         return 1
     proc = None
     try:
@@ -160,7 +199,10 @@ def run_demo(
         if not ui:
             return 0
         proc = _dagster_dev(ui_port)
-        click.echo(f"Dagster UI: http://127.0.0.1:{ui_port} (Ctrl-C stops everything)")
+        url = f"http://127.0.0.1:{ui_port}"
+        click.echo("starting the Dagster UI ...")
+        if wait_for_ui(url, proc):
+            click.echo(f"Dagster UI: {url} (Ctrl-C stops everything)")
         while proc.poll() is None:
             time.sleep(0.5)
         return proc.returncode or 0
