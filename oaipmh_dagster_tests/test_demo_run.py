@@ -3,6 +3,7 @@ it, before any harvest; "Dagster UI: http://..." is printed once the UI answers.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import dagster as dg
 import pytest
 
 from oaipmh_dagster.demo import run as demo_run
+from oaipmh_dagster_tests.conftest import REPO_ROOT
 
 
 @pytest.fixture
@@ -121,7 +123,7 @@ def test_demo_prints_the_ui_line_after_it_answers(
     answered: list[float] = []
     echoed: list[tuple[float, str]] = []
 
-    def fake_dev(ui_port: int) -> subprocess.Popen:
+    def fake_dev(ui_port: int, home: Path) -> subprocess.Popen:
         assert ui_port == port
         answered.append(time.monotonic() + 1.5)
         return subprocess.Popen([sys.executable, str(script), str(port), "1.5", "6"],
@@ -142,3 +144,39 @@ def test_demo_prints_the_ui_line_after_it_answers(
     (line,) = [(t, m) for t, m in echoed if m.startswith("Dagster UI:")]
     assert line[1].startswith(f"Dagster UI: http://127.0.0.1:{port}")
     assert line[0] >= answered[0]
+
+
+def test_dagster_dev_runs_in_the_dagster_home(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO_ROOT)
+    cmd, cwd = demo_run.dagster_dev_command(3999, tmp_path)
+    assert cwd == tmp_path
+    assert cmd[cmd.index("-w") + 1] == str(REPO_ROOT / "workspace.yaml")
+
+
+def test_dagster_dev_does_not_warn_about_the_root_dagster_yaml(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Started as the demo starts it (from the repository root, whose dagster.yaml the demo
+    copied into $DAGSTER_HOME), `dagster dev` uses the copy and prints no warning that the
+    root's file is ignored."""
+    monkeypatch.chdir(REPO_ROOT)
+    home = tmp_path / "home"
+    home.mkdir()
+    demo_run.ensure_instance_yaml(home)
+    assert (home / "dagster.yaml").read_text() == (REPO_ROOT / "dagster.yaml").read_text()
+    cmd, cwd = demo_run.dagster_dev_command(_free_port(), home)
+    env = {**os.environ, "DAGSTER_HOME": str(home),
+           "OAIPMH_DATABASE_URL": f"sqlite:///{tmp_path / 'reg.sqlite'}"}
+    log = tmp_path / "dev.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "Launching Dagster services" not in log.read_text():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.5)
+    finally:
+        demo_run.stop_group(proc)
+    assert "will not be used to configure Dagster" not in log.read_text()

@@ -88,7 +88,11 @@ def register_demo_harvesters(base_url: str, registry: Registry) -> list[Harveste
     return out
 
 
-def _dagster_dev(port: int) -> subprocess.Popen:
+def dagster_dev_command(port: int, home: Path) -> tuple[list[str], Path]:
+    """`dagster dev`'s command line and working directory: $DAGSTER_HOME, whose
+    dagster.yaml is the instance's. Started from the repository root instead, Dagster
+    would warn that the root's dagster.yaml is ignored (it is only used once copied into
+    $DAGSTER_HOME, which `ensure_instance_yaml` did)."""
     cmd = [
         str(Path(sys.executable).with_name("dagster")),
         "dev",
@@ -97,11 +101,17 @@ def _dagster_dev(port: int) -> subprocess.Popen:
         "-p",
         str(port),
     ]
-    workspace = Path.cwd() / "workspace.yaml"
+    workspace = Path.cwd().resolve() / "workspace.yaml"
     cmd += ["-w", str(workspace)] if workspace.is_file() else ["-m", "oaipmh_dagster.definitions"]
+    return cmd, home
+
+
+def _dagster_dev(port: int, home: Path) -> subprocess.Popen:
+    cmd, cwd = dagster_dev_command(port, home)
     # Default signal handlers in the child: a shell that backgrounds us may have set
     # SIGINT/SIGTERM to ignored, and dagster dev would inherit that.
-    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_default_signals)  # noqa: PLW1509
+    return subprocess.Popen(cmd, cwd=cwd, start_new_session=True,  # noqa: PLW1509
+                            preexec_fn=_default_signals)
 
 
 def _default_signals() -> None:
@@ -167,7 +177,8 @@ def run_demo(
 
     home = db.dagster_home()
     home.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("DAGSTER_HOME", str(home))
+    # Absolute: `dagster dev` runs in it, where a relative path would name another folder.
+    os.environ["DAGSTER_HOME"] = str(home)
     ensure_instance_yaml(home)
     # Before any harvest: a busy UI port would only show once `dagster dev` fails.
     if ui and port_in_use(ui_port):
@@ -198,7 +209,7 @@ def run_demo(
                 return 1
         if not ui:
             return 0
-        proc = _dagster_dev(ui_port)
+        proc = _dagster_dev(ui_port, home)
         url = f"http://127.0.0.1:{ui_port}"
         click.echo("starting the Dagster UI ...")
         if wait_for_ui(url, proc):
