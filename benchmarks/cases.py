@@ -49,12 +49,16 @@ class Sizes:
     definitions: tuple[int, ...] = (100, 300, 1000)
     reloads: tuple[int, ...] = (300, 1000)
     reload_repeats: int = 2  # at 1,000 harvesters: once (a reload takes a minute there)
+    shard_sizes: tuple[int, ...] = (1000, 3000)  # + 10,000 with --shards-10k
+    per_shard: int = 300  # K = ceil(N / per_shard) code locations
+    shard_baseline: int = 1000  # N of the one-location (K=1) comparison
 
     @classmethod
     def quick(cls) -> Sizes:
         return cls(fetch_records=2_000, fetch_repeats=1, e2e_records=2_000,
                    latency_records=2_000, memory_records=(2_000, 20_000),
-                   definitions=(20, 50), reloads=(50,), reload_repeats=1)
+                   definitions=(20, 50), reloads=(50,), reload_repeats=1,
+                   shard_sizes=(100,), per_shard=50, shard_baseline=100)
 
 
 @dataclass
@@ -492,13 +496,22 @@ def case_definitions(b: Bench) -> None:
     b.raw["definitions"] = out
 
 
+def case_shards(b: Bench) -> None:
+    """Case 6 (benchmarks/shards.py, which imports this module)."""
+    from benchmarks.shards import case_shards as run
+
+    run(b)
+
+
 CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
     "1": ("fetch + parse throughput vs Sickle and oaipmh-scythe", case_fetch),
     "2": ("end-to-end harvest throughput (SQLite, PostgreSQL, job)", case_e2e),
     "3": ("latency-bound full harvest (sequential, windowed, Sickle)", case_latency),
     "4": ("peak memory of fetch + parse", case_memory),
     "5": ("definitions load and GraphQL reload", case_definitions),
+    "6": ("sharded code locations", case_shards),
 }
+
 
 
 def rows_as_dicts(rows: list[Row]) -> list[dict[str, Any]]:

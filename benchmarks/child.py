@@ -329,9 +329,106 @@ def registry(args: dict[str, Any]) -> dict[str, Any]:
     return {"n": count, "seconds": time.perf_counter() - t0}
 
 
+# -- sharded code locations ------------------------------------------------------------------
+
+
+def shard_snapshot(args: dict[str, Any]) -> dict[str, Any]:
+    """The repository snapshot one shard's code server sends (job snapshots deferred):
+    its serialized size and CPU time, and the size of one job snapshot."""
+    from dagster._core.remote_representation.external_data import RepositorySnap
+    from dagster._core.snap import JobSnap
+    from dagster_shared.serdes import serialize_value
+
+    from oaipmh_dagster.definitions import build_definitions, freeze_long_lived
+    from oaipmh_dagster.shards import DEFAULT_LOCATION, Shard
+
+    n, k, index = int(args["n"]), int(args["k"]), int(args.get("index", 0))
+    shard = Shard(index, k)
+    rows = [h for h in harvesters(n) if shard.holds(h.id)]
+    freeze_long_lived()
+    repo_def = build_definitions(rows, shard.location_name() if k > 1 else DEFAULT_LOCATION
+                                 ).get_repository_def()
+    repo_def.get_all_jobs()  # build the jobs outside the timed section
+    c0, t0 = _cpu(), time.perf_counter()
+    data = serialize_value(RepositorySnap.from_def(repo_def, defer_snapshots=True))
+    cpu, wall = _cpu() - c0, time.perf_counter() - t0
+    job_def = repo_def.get_job(rows[0].job_name)
+    c0 = _cpu()
+    job_data = serialize_value(JobSnap.from_job_def(job_def))
+    job_cpu = _cpu() - c0
+    jobs = len(repo_def.get_all_jobs())
+    return {"harvesters": len(rows), "jobs": jobs, "bytes": len(data.encode()),
+            "cpu_seconds": cpu, "seconds": wall, "per_job_ms": cpu / max(1, jobs) * 1000,
+            "job_bytes": len(job_data.encode()), "job_cpu_seconds": job_cpu}
+
+
+def _iteration(context: Any, iteration_times: dict[str, Any]) -> dict[str, Any]:
+    import logging
+
+    from dagster._scheduler.scheduler import launch_scheduled_runs
+    from dagster._time import get_current_datetime
+
+    logger = logging.getLogger("benchmarks.scheduler")
+    c0, t0 = _cpu(), time.perf_counter()
+    errors = [x for x in launch_scheduled_runs(context, logger, get_current_datetime(),
+                                               iteration_times) if x is not None]
+    wall, cpu = time.perf_counter() - t0, _cpu() - c0
+    return {"seconds": wall, "cpu": cpu, "errors": len(errors),
+            "runs_after": context.instance.get_runs_count()}
+
+
+def scheduler(args: dict[str, Any]) -> dict[str, Any]:
+    """One iteration of Dagster's scheduler daemon (`launch_scheduled_runs`, no threads:
+    the default) over a workspace of K locations, $DAGSTER_HOME a fresh instance. Enabled
+    harvesters' schedules are RUNNING by default (declared in code): the first iteration
+    stores their states; the second is a daemon restart's (every schedule's ticks and
+    checkpoint looked up); the third keeps the second's in-memory iteration times, as a
+    running daemon does every 30 s."""
+    from dagster import DagsterInstance
+
+    instance = DagsterInstance.get()
+    # The code servers inherit stdout: send it to stderr, which keeps the result line last.
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        return _scheduler(args, instance)
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _scheduler(args: dict[str, Any], instance: Any) -> dict[str, Any]:
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+
+    t0 = time.perf_counter()
+    target = WorkspaceFileTarget(paths=[args["workspace"]])
+    with WorkspaceProcessContext(instance, target) as context:
+        entries = context.create_request_context().get_code_location_entries()
+        load = time.perf_counter() - t0
+        failed = [n for n, e in entries.items() if e.code_location is None]
+        if failed:
+            raise RuntimeError(f"locations failed to load: {failed}")
+        schedules = [s for e in entries.values() if e.code_location
+                     for repo in e.code_location.get_repositories().values()
+                     for s in repo.get_schedules()]
+        running = sum(1 for s in schedules if s.get_current_instigator_state(None).is_running)
+        first = _iteration(context, {})
+        times: dict[str, Any] = {}
+        restart = _iteration(context, times)
+        steady = _iteration(context, times)
+        runs = instance.get_runs_count()
+    instance.dispose()
+    return {"locations": len(entries), "schedules": len(schedules), "running": running,
+            "load_seconds": load, "iterations": [first, restart, steady], "runs": runs}
+
+
 KINDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "fetch": fetch, "memory": memory, "harvest": harvest, "profile": profile, "job": job,
     "sickle_harvest": sickle_harvest, "definitions": definitions, "registry": registry,
+    "shard_snapshot": shard_snapshot, "scheduler": scheduler,
 }
 
 

@@ -3,6 +3,7 @@
     python -m benchmarks.run                 # every case, full sizes
     python -m benchmarks.run --quick         # small sizes (a smoke run)
     python -m benchmarks.run --cases 1,2     # some cases only
+    python -m benchmarks.run --cases 6 --shards-10k   # case 6 also at 10,000 harvesters
 
 See benchmarks/README.md for what each case measures and how to read the table.
 """
@@ -65,12 +66,17 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated case numbers ({','.join(CASES)})")
     parser.add_argument("--output", type=Path, default=RESULTS,
                         help="directory for the JSON results and the profile")
+    parser.add_argument("--shards-10k", action="store_true",
+                        help="case 6 also at 10,000 harvesters (about 8 GB of RAM; also "
+                        "OAIPMH_BENCH_10K=1)")
     args = parser.parse_args(argv)
     selected = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in selected if c not in CASES]
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASES)}")
     sizes = Sizes.quick() if args.quick else Sizes()
+    if args.shards_10k or os.environ.get("OAIPMH_BENCH_10K") == "1":
+        sizes.shard_sizes = (*sizes.shard_sizes, 10_000)
     args.output.mkdir(parents=True, exist_ok=True)
     bench = Bench(sizes, args.output, echo=lambda s: print(s, flush=True))
     started = datetime.now(UTC)
