@@ -513,6 +513,5 @@ CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
 }
 
 
-
 def rows_as_dicts(rows: list[Row]) -> list[dict[str, Any]]:
     return [asdict(r) for r in rows]
