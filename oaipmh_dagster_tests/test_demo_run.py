@@ -180,3 +180,12 @@ def test_dagster_dev_does_not_warn_about_the_root_dagster_yaml(
     finally:
         demo_run.stop_group(proc)
     assert "will not be used to configure Dagster" not in log.read_text()
+
+
+def test_built_in_instance_yaml_is_the_shipped_one() -> None:
+    """Outside a checkout (no dagster.yaml in the working directory) the demo writes its
+    built-in copy: the same settings, concurrency the current way (`concurrency:`)."""
+    import yaml
+
+    assert yaml.safe_load(demo_run.INSTANCE_YAML) == yaml.safe_load(
+        (REPO_ROOT / "dagster.yaml").read_text())

@@ -44,11 +44,13 @@ def demo_harvesters(base_url: str) -> tuple[Harvester, ...]:
     )
 
 
-INSTANCE_YAML = """# Written by `oaipmh-dagster demo`: SQLite storage under this directory.
+INSTANCE_YAML = """# Written by `oaipmh-dagster demo`: the repository's dagster.yaml without its
+# comments (SQLite storage under this directory, the run queue's limits, host pools).
 run_coordinator:
   module: dagster.core.run_coordinator
   class: QueuedRunCoordinator
-  config:
+concurrency:
+  runs:
     max_concurrent_runs: 8
     tag_concurrency_limits:
       - key: "oaipmh/harvester"
@@ -57,6 +59,12 @@ run_coordinator:
       - key: "oaipmh/host"
         value: {applyLimitPerUniqueValue: true}
         limit: 2
+  pools:
+    default_limit: 2
+    granularity: op
+run_monitoring:
+  enabled: true
+  poll_interval_seconds: 30
 telemetry:
   enabled: false
 """
