@@ -17,17 +17,12 @@ import click
 import sqlalchemy as sa
 
 from oaipmh_dagster import db
-from oaipmh_dagster.contracts import job_name
 from oaipmh_dagster.registry import (
     Harvester,
-    HarvesterExists,
     HarvesterNotFound,
     InvalidHarvester,
     Registry,
     RegistryError,
-    validate_cron,
-    validate_id,
-    validate_timezone,
     validate_url,
 )
 from oaipmh_dagster.shards import DEFAULT_LOCATION, MAX_SHARDS
@@ -52,52 +47,18 @@ def _registry() -> Registry:
         raise Failure(str(exc)) from exc
 
 
-def _check_transformer(name: str) -> None:
-    from oaipmh_dagster.transform import get_transformer
+def _admin(do: Any, *args: Any, **kwargs: Any) -> Any:
+    """`do(registry, ...)` of `admin`, its lines echoed (notes on stderr) and its refusal
+    one error line: exit 2 for bad input, else 1."""
+    from oaipmh_dagster.admin import AdminError
 
     try:
-        get_transformer(name)
-    except Exception as exc:  # noqa: BLE001 - any failure to load is bad input
-        raise UsageProblem(f"unknown transformer {name!r}: {exc}") from exc
-
-
-def _probe(url: str, prefix: str, timeout: float, sets: tuple[str, ...] = ()) -> str:
-    """Identify + ListMetadataFormats (+ ListSets when `sets` are given); refuse a prefix
-    the server does not offer or a set it does not list. Returns the repository name."""
-    from oaipmh_dagster.endpoint import client as endpoint_client
-    from oaipmh_dagster.endpoint import missing_sets, some
-    from oaipmh_dagster.oai import OAIError
-
-    try:
-        with endpoint_client(url, timeout) as client:
-            ident = client.identify()
-            formats = client.list_metadata_formats()
-            offered_sets = [s.spec for s in client.list_sets()] if sets else []
-    except OAIError as exc:
-        raise Failure(f"cannot use {url} as an OAI-PMH endpoint: {exc} "
-                      "(use --no-check to register it anyway)") from exc
-    offered = sorted(f.prefix for f in formats)
-    if prefix not in offered:
-        raise UsageProblem(
-            f"{url} does not offer metadataPrefix {prefix!r}; it offers: {', '.join(offered)}"
-        )
-    if sets and not offered_sets:
-        raise Failure(f"{url} does not support sets (it lists none): harvest it whole, "
-                      "without --set (or use --no-check to register it anyway)")
-    missing = missing_sets(sets, offered_sets)
-    if missing:
-        raise Failure(f"{url} does not list set {', '.join(map(repr, missing))}; it lists: "
-                      f"{some(offered_sets)} (see `oaipmh-dagster sets {url}`; "
-                      "--no-check registers it anyway)")
-    return ident.repository_name
-
-
-def _reload(harvester_id: str) -> None:
-    """Reload the code location that holds the harvester (its shard's, when sharded)."""
-    from oaipmh_dagster.reload import reload_code_location
-
-    done, message = reload_code_location(timeout=300.0, harvester_id=harvester_id)
-    click.echo(message if done else f"note: {message}", err=not done)
+        change = do(_registry, *args, **kwargs)
+    except AdminError as exc:
+        raise (UsageProblem if exc.usage else Failure)(str(exc)) from exc
+    for line in change.lines:
+        click.echo(f"note: {line.text}" if line.note else line.text, err=line.note)
+    return change
 
 
 class _Settings:
@@ -256,37 +217,11 @@ def harvester_add(harvester_id: str, url: str, prefix: str, sets: tuple[str, ...
                   cron: str | None, timezone: str, enabled: bool, name: str | None,
                   transformer: str | None, no_check: bool, **http: Any) -> None:
     """Register a harvester (probes the endpoint unless --no-check)."""
-    http = {k: v for k, v in http.items() if v is not None}
-    if http.get("reconcile_every") == 0:
-        del http["reconcile_every"]
-    try:
-        validate_id(harvester_id)
-        validate_url(url)
-        validate_cron(cron)
-        validate_timezone(timezone)
-        h = Harvester(id=harvester_id, base_url=url, metadata_prefix=prefix, sets=sets,
-                      cron=cron, timezone=timezone, enabled=enabled, name=name or "",
-                      transformer=transformer or "", **http)
-    except InvalidHarvester as exc:
-        raise UsageProblem(str(exc)) from exc
-    _check_transformer(h.transformer)
-    registry = _registry()
-    try:
-        registry.get(h.id)
-        raise Failure(f"harvester {h.id!r} already exists (use `harvester update`)")
-    except HarvesterNotFound:
-        pass
-    if not no_check:
-        repo_name = _probe(url, prefix, h.timeout, h.sets)
-        if not name:
-            h = h.replace(name=repo_name[:255] or h.id)
-    try:
-        h = registry.add(h)
-    except HarvesterExists as exc:
-        raise Failure(str(exc)) from exc
-    click.echo(f"added harvester {h.id}: {h.base_url} ({h.metadata_prefix}); "
-               f"job and schedule {h.job_name}")
-    _reload(h.id)
+    from oaipmh_dagster.admin import add_harvester
+
+    _admin(add_harvester, harvester_id, url=url, prefix=prefix, sets=sets, cron=cron,
+           timezone=timezone, enabled=enabled, name=name, transformer=transformer,
+           check=not no_check, **http)
 
 
 @harvester.command("update")
@@ -306,52 +241,10 @@ def harvester_add(harvester_id: str, url: str, prefix: str, sets: tuple[str, ...
 def harvester_update(harvester_id: str, sets: tuple[str, ...], all_sets: bool, no_cron: bool,
                      no_check: bool, url: str | None, prefix: str | None, **fields: Any) -> None:
     """Change fields of a harvester."""
-    registry = _registry()
-    try:
-        current = registry.get(harvester_id)
-    except HarvesterNotFound as exc:
-        raise Failure(str(exc)) from exc
-    changes = {k: v for k, v in fields.items() if v is not None}
-    if changes.get("reconcile_every") == 0:
-        changes["reconcile_every"] = None
-    if url is not None:
-        changes["base_url"] = url
-    if prefix is not None:
-        changes["metadata_prefix"] = prefix
-    if sets and all_sets:
-        raise UsageProblem("--set and --all-sets exclude each other")
-    if sets:
-        changes["sets"] = tuple(sets)
-    if all_sets:
-        changes["sets"] = ()
-    if no_cron:
-        if changes.get("cron"):
-            raise UsageProblem("--cron and --no-cron exclude each other")
-        changes["cron"] = None
-    if not changes:
-        raise UsageProblem("nothing to update: give at least one option")
-    try:
-        new = current.replace(**changes)
-    except InvalidHarvester as exc:
-        raise UsageProblem(str(exc)) from exc
-    if "transformer" in changes:
-        _check_transformer(new.transformer)
-    if not no_check and ("base_url" in changes or "metadata_prefix" in changes
-                         or ("sets" in changes and new.sets)):
-        _probe(new.base_url, new.metadata_prefix, new.timeout, new.sets)
-    try:
-        registry.update(harvester_id, **changes)
-    except (InvalidHarvester, HarvesterNotFound) as exc:
-        raise Failure(str(exc)) from exc
-    click.echo(f"updated harvester {harvester_id}: {', '.join(sorted(changes))}")
-    if {"base_url", "metadata_prefix", "sets"} & changes.keys() and (
-        (new.base_url, new.metadata_prefix, set(new.sets))
-        != (current.base_url, current.metadata_prefix, set(current.sets))
-    ):
-        _forget_state(registry, harvester_id)
-        click.echo("the URL, prefix or sets changed: the next harvest is a full one "
-                   "(the remembered since belongs to the old selection)")
-    _reload(harvester_id)
+    from oaipmh_dagster.admin import update_harvester
+
+    _admin(update_harvester, harvester_id, url=url, prefix=prefix, sets=sets,
+           all_sets=all_sets, no_cron=no_cron, check=not no_check, **fields)
 
 
 @harvester.command("remove")
@@ -360,36 +253,15 @@ def harvester_update(harvester_id: str, sets: tuple[str, ...], all_sets: bool, n
 @click.option("--delete-records", is_flag=True, help="Also delete its harvested records.")
 def harvester_remove(harvester_id: str, yes: bool, delete_records: bool) -> None:
     """Remove a harvester (its schedule is stopped first; records are kept unless asked)."""
-    registry = _registry()
-    try:
-        h = registry.get(harvester_id)
-        label = f"{h.id} ({h.base_url})"
-    except HarvesterNotFound as exc:
-        raise Failure(str(exc)) from exc
-    except InvalidHarvester:
-        h, label = None, f"{harvester_id} (stored with invalid values)"  # removable anyway
-    if not yes and not _confirm(f"remove harvester {label}?"):
-        raise Failure(f"harvester {harvester_id} not removed (confirm, or pass --yes)")
-    _stop_schedule(job_name(harvester_id), harvester_id)
-    registry.remove(harvester_id)
-    _forget_state(registry, harvester_id)
-    _publish_since(harvester_id, None, "harvester removed")
-    if delete_records:
-        from oaipmh_dagster.store import Store
+    from oaipmh_dagster.admin import remove_harvester
+    from oaipmh_dagster.dagster_parts.manage import DagsterInstanceSide
 
-        n = Store(registry.engine).delete_harvester_records(harvester_id)
-        click.echo(f"deleted {n} records of {harvester_id}")
-    click.echo(f"removed harvester {harvester_id}")
-    _reload(harvester_id)
+    def confirm(label: str) -> None:
+        if not yes and not _confirm(f"remove harvester {label}?"):
+            raise Failure(f"harvester {harvester_id} not removed (confirm, or pass --yes)")
 
-
-def _forget_state(registry: Registry, harvester_id: str) -> None:
-    """Drop the harvester's harvest state (lease and checkpoint of an interrupted
-    harvest): it belongs to a selection that no longer exists."""
-    from oaipmh_dagster.lease import state_table
-
-    with registry.engine.begin() as conn:
-        conn.execute(state_table.delete().where(state_table.c.harvester_id == harvester_id))
+    _admin(remove_harvester, harvester_id, instance=DagsterInstanceSide(_instance),
+           delete_records=delete_records, confirm=confirm)
 
 
 def _publish_since(harvester_id: str, value: str | None, source: str,
@@ -414,26 +286,6 @@ def _confirm(question: str) -> bool:
     except (click.exceptions.Abort, OSError, ValueError):
         return False
     return answer.strip().lower() in ("y", "yes")
-
-
-def _stop_schedule(name: str, harvester_id: str) -> None:
-    """Stop a harvester's schedule: through the running webserver (GraphQL), else in the
-    instance itself (see dagster_parts/_private.py for why not `dagster schedule stop`)."""
-    from oaipmh_dagster.reload import stop_schedule
-
-    done, message = stop_schedule(name, timeout=60.0, harvester_id=harvester_id)
-    if done is None:
-        try:
-            from oaipmh_dagster.dagster_parts._private import stop_schedule_states
-
-            done = True
-            message = f"stopped schedule {name}" if stop_schedule_states(_instance(), name) else ""
-        except Exception as exc:  # noqa: BLE001 - removing the row must not depend on it
-            done, message = False, str(exc)
-    if not done:
-        click.echo(f"note: could not stop schedule {name}: {message}", err=True)
-    elif message.startswith("stopped"):
-        click.echo(message)
 
 
 @harvester.command("list")

@@ -19,6 +19,7 @@ from oaipmh_dagster.dagster_parts.alerts import build_alert_sensor
 from oaipmh_dagster.dagster_parts.assets import build_harvester_assets
 from oaipmh_dagster.dagster_parts.jobs import build_harvest_job
 from oaipmh_dagster.dagster_parts.listener import LISTENER_KEY, listener_resource
+from oaipmh_dagster.dagster_parts.manage import build_manage_job, hosts_manage_job, registry_asset
 from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
 from oaipmh_dagster.dagster_parts.schedules import build_schedule
 from oaipmh_dagster.dagster_parts.sensors import build_since_sensor
@@ -61,6 +62,9 @@ def build_definitions(
     alert = build_alert_sensor()  # only with OAIPMH_ALERT_WEBHOOK set
     if alert is not None:
         sensors.append(alert)
+    if hosts_manage_job(location_name):  # one per deployment: unsharded, or shard 0
+        jobs.append(build_manage_job())
+        assets.append(registry_asset)
     return dg.Definitions(
         assets=assets,
         jobs=jobs,

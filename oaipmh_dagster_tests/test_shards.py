@@ -236,7 +236,8 @@ def _code_location(name: str) -> Iterator[None]:
 
 
 def _harvester_jobs(d: dg.Definitions) -> set[str]:
-    return {j.name for j in d.get_repository_def().get_all_jobs() if not j.name.startswith("__")}
+    return {j.name for j in d.get_repository_def().get_all_jobs()
+            if not j.name.startswith("__") and j.name != "manage_harvesters"}
 
 
 def _job(hid: str) -> str:

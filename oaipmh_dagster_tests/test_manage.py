@@ -1,0 +1,203 @@
+"""The `manage_harvesters` job as the Launchpad runs it: add, update and remove a harvester
+on both databases against a loopback endpoint; a bad input fails the run with its message
+and leaves the registry as it was; the `oaipmh/registry` asset shows the table."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from oaipmh_dagster import db
+from oaipmh_dagster.dagster_parts.manage import (
+    MANAGE_JOB,
+    MANAGE_OP,
+    REGISTRY_KEY,
+    ManageConfig,
+    holding_location,
+    hosts_manage_job,
+    registry_markdown,
+)
+from oaipmh_dagster.definitions import build_definitions
+from oaipmh_dagster.demo.dataset import make_dataset
+from oaipmh_dagster.demo.server import OAIServer
+from oaipmh_dagster.registry import Harvester, InvalidRow, Registry
+from oaipmh_dagster.rows import write_page
+from oaipmh_dagster.shards import Shard, shard_of
+from oaipmh_dagster.store import Store
+from oaipmh_dagster_tests.helpers import add_harvester
+from oaipmh_dagster_tests.test_store import rec
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[OAIServer]:
+    srv = OAIServer(make_dataset(7, seed=3, sets=3), page_size=5).start()
+    yield srv
+    srv.stop()
+
+
+def launch(instance: dg.DagsterInstance, **config: Any) -> dg.ExecuteInProcessResult:
+    """One run of the job with the run config the Launchpad sends."""
+    job = build_definitions([]).resolve_job_def(MANAGE_JOB)
+    return job.execute_in_process(
+        run_config={"ops": {MANAGE_OP: {"config": config}}}, instance=instance,
+        raise_on_error=False)
+
+
+def logged(instance: dg.DagsterInstance, result: dg.ExecuteInProcessResult) -> str:
+    return "\n".join(e.user_message for e in instance.all_logs(result.run_id))
+
+
+def failure(result: dg.ExecuteInProcessResult) -> str:
+    assert not result.success
+    event = next(e for e in result.all_events if e.is_step_failure)
+    return event.step_failure_data.error.to_string()
+
+
+def table(result: dg.ExecuteInProcessResult) -> str:
+    (mat,) = result.asset_materializations_for_node(MANAGE_OP)
+    assert mat.asset_key == REGISTRY_KEY
+    return mat.metadata["registry"].value
+
+
+def rows() -> list[dict]:
+    return [h.to_dict() for h in Registry(db.get_engine()).list()]
+
+
+def test_add_update_remove(database_url: str, instance: dg.DagsterInstance,
+                           server: OAIServer) -> None:
+    first_set = next(iter(server.dataset.sets))
+    result = launch(instance, action="add", id="demo", url=server.base_url, prefix="oai_dc",
+                    sets=[first_set], cron="0 3 * * *", timezone="Europe/Prague",
+                    max_retries=2)
+    assert result.success, failure(result)
+    h = Registry(db.get_engine()).get("demo")
+    assert (h.sets, h.cron, h.timezone, h.max_retries) == ((first_set,), "0 3 * * *",
+                                                            "Europe/Prague", 2)
+    assert h.name == "Demo Research Repository" and h.enabled and h.timeout == 60.0
+    log = logged(instance, result)
+    assert "added harvester demo" in log
+    assert "/jobs/harvest_oaipmh_records_demo" in log
+    assert "reload the code location 'oaipmh_dagster'" in log  # no webserver: a note
+    assert f"| demo | {server.base_url} | oai_dc | {first_set} | 0 3 * * * | yes | " \
+           "(full next) |" in table(result)
+
+    result = launch(instance, action="update", id="demo", cron="0 4 * * *", enabled=False,
+                    name="Renamed")
+    assert result.success, failure(result)
+    h = Registry(db.get_engine()).get("demo")
+    assert (h.cron, h.enabled, h.name, h.sets) == ("0 4 * * *", False, "Renamed",
+                                                   (first_set,))
+    assert "updated harvester demo: cron, enabled, name" in logged(instance, result)
+    result = launch(instance, action="update", id="demo", all_sets=True, no_cron=True)
+    assert result.success, failure(result)
+    h = Registry(db.get_engine()).get("demo")
+    assert (h.sets, h.cron) == ((), None)
+    assert "the next harvest is a full one" in logged(instance, result)
+
+    write_page(Store(db.get_engine()), "demo", [rec("a")], run_id="r")
+    result = launch(instance, action="remove", id="demo", delete_records=True)
+    assert result.success, failure(result)
+    assert rows() == []
+    assert Store(db.get_engine()).count("demo") == 0
+    log = logged(instance, result)
+    assert "deleted 1 records of demo" in log and "removed harvester demo" in log
+    assert "(no harvesters)" in table(result)
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"action": "add", "id": "Bad-ID", "url": "SERVER", "prefix": "oai_dc"}, "invalid harvester id 'Bad-ID'"),
+    ({"action": "add", "id": "demo", "url": "SERVER", "prefix": "marc21"},
+     "does not offer metadataPrefix 'marc21'; it offers: datacite, oai_dc"),
+    ({"action": "add", "id": "demo", "url": "SERVER", "prefix": "oai_dc", "sets": ["nosuch"]},
+     "does not list set 'nosuch'"),
+    ({"action": "add", "id": "keep", "url": "SERVER", "prefix": "oai_dc"}, "harvester 'keep' already exists"),
+    ({"action": "add", "id": "demo", "url": "SERVER", "prefix": "oai_dc", "cron": "every day"},
+     "invalid cron expression 'every day'"),
+    ({"action": "add", "id": "demo"}, "adding a harvester needs a url and a prefix"),
+    ({"action": "update", "id": "nope", "cron": "0 * * * *"}, "no harvester 'nope'"),
+    ({"action": "update", "id": "keep", "prefix": "marc21"}, "does not offer metadataPrefix"),
+    ({"action": "update", "id": "keep"}, "nothing to update"),
+    ({"action": "remove", "id": "nope"}, "no harvester 'nope'"),
+    ({"action": "remove", "id": "keep", "cron": "0 * * * *"}, "remove does not take cron"),
+    ({"action": "rename", "id": "keep"}, "unknown action 'rename'"),
+])
+def test_bad_input_fails_the_run_and_writes_nothing(
+    database_url: str, instance: dg.DagsterInstance, server: OAIServer,
+    config: dict[str, Any], message: str,
+) -> None:
+    add_harvester("keep", server.base_url)
+    before = rows()
+    config = {k: server.base_url if v == "SERVER" else v for k, v in config.items()}
+    result = launch(instance, **config)
+    assert message in failure(result)
+    assert message in logged(instance, result)
+    assert rows() == before
+
+
+def test_unreachable_endpoint_fails_the_run(database_url: str, instance: dg.DagsterInstance,
+                                            closed_port_url: str) -> None:
+    result = launch(instance, action="add", id="demo", url=closed_port_url, prefix="oai_dc",
+                    timeout=5.0)
+    assert f"cannot use {closed_port_url} as an OAI-PMH endpoint" in failure(result)
+    assert rows() == []
+    result = launch(instance, action="add", id="demo", url=closed_port_url, prefix="oai_dc",
+                    no_check=True)
+    assert result.success, failure(result)
+    assert [r["id"] for r in rows()] == ["demo"]
+
+
+def test_every_field_is_described_and_defaults_are_the_commands() -> None:
+    fields = ManageConfig.model_fields
+    assert all(f.description for f in fields.values())
+    assert {"action", "id", "url", "prefix", "sets", "cron", "timezone", "enabled", "name",
+            "transformer", "max_parallel", "max_retries", "timeout", "delay", "auth_env",
+            "overlap", "comment", "reconcile_every", "no_check", "delete_records"} <= set(fields)
+    assert fields["action"].is_required() and fields["id"].is_required()
+    assert not fields["no_check"].default and not fields["delete_records"].default
+    job = build_definitions([]).resolve_job_def(MANAGE_JOB)
+    assert [node.name for node in job.nodes] == [MANAGE_OP]
+
+
+def test_one_location_hosts_the_job() -> None:
+    assert hosts_manage_job(None) and hosts_manage_job("oaipmh_dagster")
+    assert hosts_manage_job("oaipmh_dagster_shard_0_of_3")
+    assert not hosts_manage_job("oaipmh_dagster_shard_1_of_3")
+    for name, hosted in [("oaipmh_dagster_shard_0_of_2", True),
+                         ("oaipmh_dagster_shard_1_of_2", False)]:
+        defs = build_definitions([], name)
+        dg.Definitions.validate_loadable(defs)
+        repo = defs.get_repository_def()
+        assert repo.has_job(MANAGE_JOB) is hosted
+        assert (REGISTRY_KEY in repo.asset_graph.get_all_asset_keys()) is hosted
+
+
+def test_the_holding_location_follows_the_shard() -> None:
+    assert holding_location(None, "demo") is None
+    assert holding_location("mine", "demo") == "mine"
+    holder = Shard(shard_of("demo", 5), 5).location_name("oai")
+    assert holding_location("oai_shard_0_of_5", "demo") == holder
+
+
+def test_registry_markdown() -> None:
+    h = Harvester(id="a", base_url="http://x.org/oai?a|b", metadata_prefix="oai_dc",
+                  sets=("s1", "s2"), enabled=False)
+    text = registry_markdown([h, InvalidRow("b", "bad\ncron")], {"a": "2024-01-01"})
+    assert text.splitlines()[0] == "| id | url | prefix | sets | cron | enabled | since |"
+    assert "| a | http://x.org/oai?a\\|b | oai_dc | s1, s2 | (none) | no | 2024-01-01 |" in text
+    assert "| b | invalid: bad cron |" in text
+
+
+def test_registry_asset_materializes_the_table(sqlite_url: str,
+                                               instance: dg.DagsterInstance) -> None:
+    add_harvester("one", "http://127.0.0.1:9/oai", cron="0 3 * * *")
+    defs = build_definitions([])
+    result = dg.materialize([defs.get_assets_def(REGISTRY_KEY)], instance=instance,
+                            resources={"oaipmh_db": defs.resources["oaipmh_db"]})
+    assert result.success
+    (mat,) = result.asset_materializations_for_node("oaipmh__registry")
+    assert mat.metadata["harvesters"].value == 1
+    assert "| one | http://127.0.0.1:9/oai | oai_dc | (all) | 0 3 * * * | yes |" \
+        in mat.metadata["registry"].value
