@@ -1,8 +1,9 @@
 """The Dagster UI as an operator uses it for the demo harvester, in headless Chromium.
 
-The four steps of the first-run tour, in order (they share one `oaipmh-dagster demo`):
+The steps of the first-run tour, in order (they share one `oaipmh-dagster demo`):
 launch the job from the Launchpad, read the asset graph and the materialization, toggle
-the schedule, read the since sensor's cursor. Each step saves screenshots (conftest).
+the schedule, read the since sensor's cursor, see raw_records' freshness and the assets'
+tags. Each step saves screenshots (conftest).
 
 The demo harvested once before the UI started, so the launched run is incremental: it
 resolves its since when it starts from that harvest's `oai/next_since` (source `run`,
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.parse
 from typing import Any
 
 import pytest
@@ -357,3 +359,61 @@ def test_since_sensor_cursor(dagster_ui: DagsterUI, page: Any, shot: Any) -> Non
     shot(page, "13-since-sensor-edit-cursor")
     dialog.get_by_role("button", name=re.compile("Cancel")).click()
     expect(dialog).to_have_count(0)
+
+
+ASSET_NODE_QUERY = """
+query Node($path: [String!]!) { assetNodeOrError(assetKey: {path: $path}) { __typename
+  ... on AssetNode { tags { key value }
+    internalFreshnessPolicy { __typename
+      ... on TimeWindowFreshnessPolicy { failWindowSeconds warnWindowSeconds } }
+    freshnessStatusInfo { freshnessStatus } } } }
+"""
+
+
+def asset_node(ui: DagsterUI, name: str) -> dict[str, Any]:
+    node = ui.graphql(ASSET_NODE_QUERY, {"path": ["oaipmh", HARVESTER, name]})
+    node = node["assetNodeOrError"]
+    assert node["__typename"] == "AssetNode", node
+    return node
+
+
+def test_freshness_and_tags(dagster_ui: DagsterUI, page: Any, shot: Any) -> None:
+    """Step 5: raw_records' freshness (from the demo's hourly cron) turns healthy once
+    Dagster's freshness daemon has seen the harvest; the assets' tags name the endpoint."""
+    host = dagster_ui.oai_url.split("//")[1].split("/")[0].replace(":", "_")
+    for name in ("source", "raw_records", "records"):
+        tags = {t["key"]: t["value"] for t in asset_node(dagster_ui, name)["tags"]}
+        assert {k: tags.get(k) for k in ("oaipmh/host", "oaipmh/prefix", "oaipmh/set")} == {
+            "oaipmh/host": host, "oaipmh/prefix": "oai_dc", "oaipmh/set": "all"}, tags
+    node = asset_node(dagster_ui, "raw_records")
+    # "0 * * * *": warn after 1.25 hours, fail after 2 without a harvest.
+    assert node["internalFreshnessPolicy"] == {"__typename": "TimeWindowFreshnessPolicy",
+                                               "failWindowSeconds": 7200,
+                                               "warnWindowSeconds": 4500}
+    deadline = time.monotonic() + 120  # the daemon evaluates freshness every 30 s
+    while (status := asset_node(dagster_ui, "raw_records")["freshnessStatusInfo"][
+            "freshnessStatus"]) != "HEALTHY":
+        assert time.monotonic() < deadline, f"raw_records freshness is {status}"
+        time.sleep(2.0)
+
+    page.goto(f"/assets/oaipmh/{HARVESTER}/raw_records")
+    expect(page.get_by_text("oaipmh/prefix").first).to_be_visible(timeout=60_000)
+    expect(page.get_by_text(host).first).to_be_visible()
+    expect(page.get_by_text("Freshness policy").first).to_be_visible()
+    expect(page.get_by_text("Passing").first).to_be_visible(timeout=60_000)
+    expect(page.get_by_text("Fails if more than 2 hours since last materialization")
+           ).to_be_visible()
+    shot(page, "14-raw-records-freshness-tags")
+
+    # The catalog filtered by the endpoint's host tag (a value with dots is quoted).
+    selection = urllib.parse.quote(f'tag:oaipmh/host="{host}"')
+    page.goto(f"/assets?asset-selection={selection}")
+    # Both demo harvesters ask the same host: the assets of both groups are listed.
+    expect(page.get_by_text("oaipmh / demo / source").first).to_be_visible(timeout=60_000)
+    expect(page.get_by_text("oaipmh / demo / records").first).to_be_visible()
+    expect(page.get_by_text("oaipmh_demo_datacite").first).to_be_visible()
+    expect(page.get_by_text(re.compile(r"^Loading"))).to_have_count(0, timeout=60_000)
+    shot(page, "15-catalog-by-host-tag")
+    # The demo started `dagster dev` in $DAGSTER_HOME: no warning about an ignored
+    # dagster.yaml in its log.
+    assert "will not be used to configure Dagster" not in dagster_ui.log_path.read_text()
