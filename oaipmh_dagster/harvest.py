@@ -17,6 +17,7 @@ from typing import Any
 
 from oaipmh_dagster import __version__, incremental
 from oaipmh_dagster import reconcile as reconcile_mod
+from oaipmh_dagster.committer import Committer
 from oaipmh_dagster.errors import OAIPMHDagsterError
 from oaipmh_dagster.oai import (
     ClientOptions,
@@ -39,7 +40,7 @@ from oaipmh_dagster.plan import (
     validate,
 )
 from oaipmh_dagster.registry import Harvester
-from oaipmh_dagster.rows import Counts, Transform, write_page
+from oaipmh_dagster.rows import Counts, PreparedPage, Transform, commit_page, prepare_page
 from oaipmh_dagster.store import Store
 from oaipmh_dagster.transform import get_transformer, transform_element, transform_record
 from oaipmh_dagster.windows import WindowState
@@ -359,13 +360,14 @@ def _store_pages(
     transform: Transform, stats: HarvestStats, plan: Plan, on_page: OnPage | None,
     logger: Any, started: float,
 ) -> None:
-    """The page loop: store each page with its checkpoint, count, log and report it."""
+    """The page loop: prepare each page (hashes, rows, transform) here while the
+    committer commits the previous one with its checkpoint; count, log and report each
+    page once committed."""
     logged = 0.0
-    for page, cp in pages:
-        counts = write_page(store, h.id, page.records, run_id=run_id, transform=transform,
-                            checkpoint=None if cp is None else cp.to_json(),
-                            metadata_prefix=h.metadata_prefix, transformer=h.transformer)
-        stats.counts.add(counts)
+
+    def committed(page: Page, prepared: PreparedPage) -> None:
+        nonlocal logged
+        stats.counts.add(prepared.counts)
         stats.pages += 1
         rt = page.resumption_token
         if rt is not None and rt.complete_list_size is not None and not plan.windowed:
@@ -386,6 +388,20 @@ def _store_pages(
             )
         if on_page is not None:
             on_page(event)
+
+    def commit(item: tuple[Page, PreparedPage, dict[str, Any] | None]) -> None:
+        commit_page(store, h.id, item[1], run_id=run_id, checkpoint=item[2])
+
+    with Committer(commit) as committer:
+        for page, cp in pages:
+            prepared = prepare_page(store, h.id, page.records, run_id=run_id,
+                                    transform=transform, metadata_prefix=h.metadata_prefix,
+                                    transformer=h.transformer)
+            for done, ready, _ in committer.submit(
+                    (page, prepared, None if cp is None else cp.to_json())):
+                committed(done, ready)
+        for done, ready, _ in committer.finish():
+            committed(done, ready)
 
 
 def _pages(
@@ -442,7 +458,9 @@ def _sequential(
     """One list after another (one per set); each page with its checkpoint, which keeps
     the start of the earliest list it continues."""
     tally: ListTally | None = None
+    delivered = records = 0
     for set_spec, page in _list_pages(client, h, plan, logger):
+        delivered, records = delivered + 1, records + len(page.records)
         if tally is None or "resumptionToken" not in page.params:
             tally = ListTally.start(set_spec, page)
         tally.add(page)
@@ -451,7 +469,7 @@ def _sequential(
             tally = None
         cp = None if page.token is None else ListCheckpoint(
             page.token, set_spec, h.metadata_prefix, plan.since, plan.until,
-            plan.checkpoint_start, stats.pages + 1, stats.records + len(page.records))
+            plan.checkpoint_start, delivered, records)
         yield page, cp
 
 

@@ -31,7 +31,8 @@ from oaipmh_dagster.store import (
     utc_datestamp,
 )
 
-__all__ = ["Counts", "HarvestRecord", "Transform", "retransform", "write_page"]
+__all__ = ["Counts", "HarvestRecord", "PreparedPage", "Transform", "commit_page", "prepare_page",
+           "retransform", "write_page"]
 
 _SHOWN = 100  # characters of a bad value quoted in counts and errors
 _NO_ERRORS = "[]"
@@ -155,6 +156,57 @@ def _apply_transform(
         return None, [error]
 
 
+@dataclass
+class PreparedPage:
+    """A page's rows to upsert (new and changed records, transformed) and its counts."""
+
+    rows: list[dict[str, Any]]
+    counts: Counts
+
+
+def prepare_page(
+    store: Store,
+    harvester_id: str,
+    records: Sequence[HarvestRecord],
+    *,
+    run_id: str | None,
+    transform: Transform | None = None,
+    metadata_prefix: str = "",
+    transformer: str = "",
+    existing: dict[str, str | None] | None = None,
+) -> PreparedPage:
+    """The rows of one page: records whose content hash is unchanged are left out, new
+    and changed ones are transformed. `existing` (identifier -> stored hash) is read
+    from the store when not given. `metadata_prefix` and `transformer` name what
+    produced the page's metadata (a change of either rewrites every record)."""
+    counts = Counts()
+    latest: dict[str, HarvestRecord] = {}
+    for rec in records:
+        identifier = rec.header.identifier
+        if len(identifier) > IDENTIFIER_MAX:  # enforced here on every database
+            counts.fail(_shown(identifier))
+            continue
+        latest[identifier] = rec  # a page may repeat an identifier
+    if existing is None:
+        existing = store.hashes(harvester_id, list(latest))
+    produced = f"{metadata_prefix}\x1f{transformer if transform else ''}".encode()
+    now = datetime.now(UTC)
+    rows = [v for identifier, rec in latest.items()
+            if (v := _row(harvester_id, identifier, rec, existing, produced, transform,
+                          run_id, now, counts)) is not None]
+    return PreparedPage(rows, counts)
+
+
+def commit_page(
+    store: Store, harvester_id: str, prepared: PreparedPage, *, run_id: str | None,
+    checkpoint: dict[str, Any] | None = None,
+) -> None:
+    """Upsert a prepared page's rows and save `checkpoint` in one transaction (fenced
+    under `run_id`'s lease: see `Store.page`)."""
+    with store.page(harvester_id, run_id, checkpoint) as page:
+        page.upsert(prepared.rows)
+
+
 def write_page(
     store: Store,
     harvester_id: str,
@@ -166,29 +218,16 @@ def write_page(
     metadata_prefix: str = "",
     transformer: str = "",
 ) -> Counts:
-    """Write one page in one transaction: new and changed records are transformed and
-    upserted, records whose content hash is unchanged are left alone; `checkpoint` is
-    saved in the same commit. `metadata_prefix` and `transformer` name what produced
-    the page's metadata (a change of either rewrites every record). Under `run_id`'s
-    lease the write is fenced (see `Store.page`)."""
-    counts = Counts()
-    latest: dict[str, HarvestRecord] = {}
-    for rec in records:
-        identifier = rec.header.identifier
-        if len(identifier) > IDENTIFIER_MAX:  # enforced here on every database
-            counts.fail(_shown(identifier))
-            continue
-        latest[identifier] = rec  # a page may repeat an identifier
-    produced = f"{metadata_prefix}\x1f{transformer if transform else ''}".encode()
-    now = datetime.now(UTC)
+    """Write one page in one transaction: `prepare_page` with the hashes read in that
+    transaction, then the upsert and `checkpoint` in the same commit."""
     with store.page(harvester_id, run_id, checkpoint) as page:
-        existing = page.hashes(list(latest))
-        page.upsert([
-            v for identifier, rec in latest.items()
-            if (v := _row(harvester_id, identifier, rec, existing, produced, transform,
-                          run_id, now, counts)) is not None
-        ])
-    return counts
+        ids = [r.header.identifier for r in records
+               if len(r.header.identifier) <= IDENTIFIER_MAX]
+        prepared = prepare_page(store, harvester_id, records, run_id=run_id,
+                                transform=transform, metadata_prefix=metadata_prefix,
+                                transformer=transformer, existing=page.hashes(ids))
+        page.upsert(prepared.rows)
+    return prepared.counts
 
 
 @functools.lru_cache(maxsize=1024)

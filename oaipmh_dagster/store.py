@@ -217,6 +217,15 @@ class Store:
         if self._postgres:
             self._existing = _PG_EXISTING
 
+    def hashes(self, harvester_id: str, identifiers: Sequence[str]) -> dict[str, str | None]:
+        """identifier -> stored content hash, for those of `identifiers` that are stored
+        (read in a transaction of its own)."""
+        if not identifiers:
+            return {}
+        with self.engine.connect() as conn:
+            return PageWrite(conn, harvester_id, self._upsert, self._existing).hashes(
+                identifiers)
+
     # -- writes ---------------------------------------------------------------------
 
     @contextmanager

@@ -1,0 +1,86 @@
+"""The harvest's last stage in a thread of its own: prepared pages are committed in
+order, one at a time, while the caller prepares the next page (and the client fetches
+and parses the one after). The database's work then overlaps with ours instead of
+following it. The caller hands over at most `depth` pages ahead of the commit in
+progress, so memory stays bounded, and reads back what was committed in its own thread
+(statistics, logging and progress callbacks never run in the committer)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+__all__ = ["Committer"]
+
+T = TypeVar("T")
+_STOP = object()
+
+
+class Committer(Generic[T]):
+    """`commit(item)` for each submitted item, in order, in one daemon thread.
+
+    `submit` returns the items committed since the last call and raises the error of a
+    failed commit (nothing after a failed commit is committed). Leaving the `with`
+    block waits for the commits already handed over, so every page handed over before a
+    failure is committed, as it would be without the thread."""
+
+    def __init__(self, commit: Callable[[T], None], depth: int = 1) -> None:
+        self._commit = commit
+        self._todo: queue.Queue[object] = queue.Queue(maxsize=depth)
+        self._done: queue.Queue[T] = queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="oaipmh-committer",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._todo.get()
+            if item is _STOP:
+                return
+            if self._error is not None:
+                continue  # drained, never committed: the caller sees the error
+            try:
+                self._commit(item)  # type: ignore[arg-type]
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                self._error = exc
+            else:
+                self._done.put(item)  # type: ignore[arg-type]
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def committed(self) -> list[T]:
+        """The items committed since the last call, in order."""
+        out = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def submit(self, item: T) -> list[T]:
+        """Hand `item` over (waiting while `depth` items wait); the items committed so far."""
+        self._raise()
+        self._todo.put(item)
+        return self.committed()
+
+    def finish(self) -> list[T]:
+        """Wait for every commit; the items committed since the last call."""
+        self._close()
+        self._raise()
+        return self.committed()
+
+    def _close(self) -> None:
+        if self._thread.is_alive():
+            self._todo.put(_STOP)
+            self._thread.join()
+
+    def __enter__(self) -> Committer[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close()
