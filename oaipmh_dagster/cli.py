@@ -625,7 +625,8 @@ def export(harvester_id: str, fmt: str, output: str) -> None:
 @click.option("--shards", default=1, show_default=True, type=click.IntRange(1, MAX_SHARDS),
               help="Number of code locations to spread the harvesters over.")
 @click.option("--prefix", default=DEFAULT_LOCATION, show_default=True,
-              help="Code location names: PREFIX_shard_<i>_of_<K>.")
+              help="Code location names: PREFIX_shard_<i>_of_<K> (PREFIX-shard-<i>-of-<K> "
+              "when PREFIX has a hyphen, as Kubernetes names need).")
 @click.option("--grpc-port", type=click.IntRange(1, 65535),
               help="Point at code servers started with `dagster code-server start` on "
               "ports GRPC_PORT, GRPC_PORT+1, ... (the file's comments give the commands), "
@@ -643,8 +644,9 @@ def workspace(shards: int, prefix: str, grpc_port: int | None, grpc_host: str,
     moves about 1/(K+1) of them."""
     from oaipmh_dagster.shards import shard_of, workspace_yaml
 
-    if not prefix.replace("_", "a").isalnum():
-        raise UsageProblem(f"--prefix {prefix!r}: use letters, digits and underscores")
+    if not prefix.replace("_", "a").replace("-", "a").isalnum():
+        raise UsageProblem(f"--prefix {prefix!r}: use letters, digits, underscores or "
+                           "hyphens (a hyphen makes Kubernetes-style names)")
     if grpc_port is not None and grpc_port + shards - 1 > 65535:
         raise UsageProblem(f"--grpc-port {grpc_port}: {shards} ports from there pass 65535")
     click.echo(workspace_yaml(shards, prefix, grpc_host=grpc_host if grpc_port else None,

@@ -6,7 +6,8 @@ adding or removing a harvester never moves another, and going from K to K+1 shar
 only the 1/(K+1) of harvesters that the new shard takes (the fewest any scheme can move).
 
 A shard is named by its code location: a location whose name ends in `shard_<i>_of_<K>`
-(0 <= i < K) holds shard i of K; any other name holds every harvester. The same module
+(or `shard-<i>-of-<K>`, the form Kubernetes names allow; 0 <= i < K) holds shard i of K;
+any other name holds every harvester. The same module
 (`oaipmh_dagster.definitions`) serves every shard, so `workspace.yaml` entries differ
 only in their location names. No Dagster import here."""
 
@@ -23,7 +24,9 @@ __all__ = ["DEFAULT_LOCATION", "MAX_SHARDS", "InvalidShard", "Shard", "location_
 
 DEFAULT_LOCATION = "oaipmh_dagster"
 MAX_SHARDS = 1024
-_SUFFIX = re.compile(r"(?:^|_)shard_(0|[1-9]\d*)_of_(0|[1-9]\d*)$")
+# `_` or `-` between the parts: Kubernetes names (the Helm chart's user deployments)
+# allow no `_`.
+_SUFFIX = re.compile(r"(?:^|[_-])shard([_-])(0|[1-9]\d*)\1of\1(0|[1-9]\d*)$")
 _MASK = (1 << 64) - 1
 
 
@@ -64,14 +67,16 @@ class Shard:
         return shard_of(harvester_id, self.count) == self.index
 
     def location_name(self, prefix: str = DEFAULT_LOCATION) -> str:
-        """The code location name that serves this shard."""
-        return f"{prefix}_shard_{self.index}_of_{self.count}"
+        """The code location name that serves this shard (with `-` between the parts
+        when the prefix has one: a Kubernetes-style name)."""
+        sep = "-" if "-" in prefix else "_"
+        return f"{prefix}{sep}shard{sep}{self.index}{sep}of{sep}{self.count}"
 
     @classmethod
     def of_location(cls, name: str | None) -> Shard | None:
         """The shard a code location named `name` serves (None: every harvester)."""
         match = _SUFFIX.search(name or "")
-        return cls(int(match[1]), int(match[2])) if match else None
+        return cls(int(match[2]), int(match[3])) if match else None
 
 
 def location_names(count: int, prefix: str = DEFAULT_LOCATION) -> list[str]:

@@ -169,7 +169,7 @@ def test_workspace_command_sizes(run, sqlite_url: str) -> None:  # noqa: ANN001 
 
 
 @pytest.mark.parametrize("argv", [["--shards", "0"], ["--shards", str(MAX_SHARDS + 1)],
-                                  ["--shards", "x"], ["--prefix", "a-b"]])
+                                  ["--shards", "x"], ["--prefix", "a.b"]])
 def test_workspace_command_usage_errors(run, argv: list[str]) -> None:  # noqa: ANN001
     result = run("workspace", *argv)
     assert result.code == 2 and result.error_line
@@ -210,6 +210,20 @@ def test_a_shard_missing_from_the_workspace_is_named() -> None:
     hid = next(h for h in IDS if shard_of(h, 2) == 1)
     with pytest.raises(NoHoldingLocation, match=f"harvester {hid} \\(shard 1 of 2\\)"):
         holding_location([Shard(0, 2).location_name()], hid)
+
+
+def test_kubernetes_style_names_name_shards_too() -> None:
+    assert Shard.of_location("oaipmh-dagster-shard-2-of-4") == Shard(2, 4)
+    assert Shard.of_location("shard-0-of-1") == Shard(0, 1)
+    assert Shard.of_location("x_shard-2_of-4") is None  # one separator throughout
+    with pytest.raises(InvalidShard):
+        Shard.of_location("oaipmh-dagster-shard-4-of-4")
+
+
+def test_a_hyphenated_prefix_gives_kubernetes_style_names() -> None:
+    name = Shard(3, 8).location_name("oaipmh-dagster")
+    assert name == "oaipmh-dagster-shard-3-of-8"
+    assert Shard.of_location(name) == Shard(3, 8)
 
 
 def test_zero_padded_shard_numbers_name_no_shard() -> None:
