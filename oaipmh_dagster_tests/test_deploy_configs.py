@@ -441,3 +441,15 @@ def test_helm_values_keep_the_instance_settings() -> None:
     retries = values["dagsterDaemon"]["runRetries"]
     assert retries == {"enabled": True,
                        "maxRetries": instance["run_retries"]["max_retries"]}
+
+
+def test_team_server_gives_many_code_servers_time_to_start(tmp_path: Path) -> None:
+    """deploy/scale.md: K shard locations starting at once need more than Dagster's
+    default 180 s; the team server's instance says so, and the note names the settings."""
+    config = _validate_instance_yaml(DEPLOY / "postgres" / "dagster.yaml", tmp_path)
+    servers = config["code_servers"]
+    assert servers["local_startup_timeout"] >= 600 and servers["reload_timeout"] >= 600
+    note = (DEPLOY / "scale.md").read_text(encoding="utf-8")
+    for setting in ("local_startup_timeout", "DAGSTER_REPOSITORY_GRPC_TIMEOUT_SECONDS",
+                    "DAGSTER_GRPC_MAX_RX_BYTES", "workspace --shards"):
+        assert setting in note
