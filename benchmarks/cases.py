@@ -41,6 +41,8 @@ class Sizes:
     fetch_records: int = 20_000
     fetch_repeats: int = 3
     e2e_records: int = 20_000
+    cli_records: int = 60_000
+    cli_repeats: int = 2
     latency_records: int = 50_000
     latency: float = 0.1
     page_size: int = 100
@@ -50,7 +52,8 @@ class Sizes:
     reloads: tuple[int, ...] = (300, 1000)
     reload_repeats: int = 2  # at 1,000 harvesters: once (a reload takes a minute there)
     shard_sizes: tuple[int, ...] = (1000, 3000)  # + 10,000 with --shards-10k
-    per_shard: int = 300  # K = ceil(N / per_shard) code locations
+    per_shard: int = 200  # K = ceil(N / per_shard) code locations
+    shard_scheduler: bool = True  # measure the scheduler daemon's iterations too
     shard_baseline: int = 1000  # N of the one-location (K=1) comparison
 
     @classmethod
@@ -58,7 +61,8 @@ class Sizes:
         return cls(fetch_records=2_000, fetch_repeats=1, e2e_records=2_000,
                    latency_records=2_000, memory_records=(2_000, 20_000),
                    definitions=(20, 50), reloads=(50,), reload_repeats=1,
-                   shard_sizes=(100,), per_shard=50, shard_baseline=100)
+                   shard_sizes=(100,), per_shard=50, shard_baseline=100,
+                   cli_records=2_000, cli_repeats=1)
 
 
 @dataclass
@@ -259,7 +263,7 @@ def case_e2e(b: Bench) -> None:
     r = b.child("profile", {"url": srv.url, "db": b.sqlite_url("profile"),
                             "db2": b.sqlite_url("profile2"), "profile": str(profile)})
     results["profiled"] = r
-    b.add(Row("2", "profile of harvest() -> SQLite", str(profile.relative_to(ROOT)),
+    b.add(Row("2", "profile of harvest() -> SQLite", os.path.relpath(profile, ROOT),
               f"{_fmt_rate(r['rate'])} under pyinstrument"))
     b.raw["e2e"] = {"records": n, **results}
 
@@ -503,6 +507,13 @@ def case_shards(b: Bench) -> None:
     run(b)
 
 
+def case_cli(b: Bench) -> None:
+    """Case 7 (benchmarks/cli_e2e.py, which imports this module)."""
+    from benchmarks.cli_e2e import case_cli as run
+
+    run(b)
+
+
 CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
     "1": ("fetch + parse throughput vs Sickle and oaipmh-scythe", case_fetch),
     "2": ("end-to-end harvest throughput (SQLite, PostgreSQL, job)", case_e2e),
@@ -510,6 +521,7 @@ CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
     "4": ("peak memory of fetch + parse", case_memory),
     "5": ("definitions load and GraphQL reload", case_definitions),
     "6": ("sharded code locations", case_shards),
+    "7": ("end to end through the CLI vs Sickle (SQLite, PostgreSQL)", case_cli),
 }
 
 

@@ -148,6 +148,17 @@ def _snapshot_digest(store: Any, harvester_id: str) -> tuple[int, str]:
     return len(snap), hashlib.sha256(text.encode()).hexdigest()
 
 
+def stored(args: dict[str, Any]) -> dict[str, Any]:
+    """How many records of a harvester the store holds, and their digest."""
+    from oaipmh_dagster import db
+    from oaipmh_dagster.store import Store
+
+    engine = db.get_engine(args["db"], migrate=False)
+    n, digest = _snapshot_digest(Store(engine), args["id"])
+    engine.dispose()
+    return {"stored": n, "digest": digest}
+
+
 def _harvester(args: dict[str, Any]) -> Any:
     from oaipmh_dagster.registry import Harvester
 
@@ -428,6 +439,7 @@ def _scheduler(args: dict[str, Any], instance: Any) -> dict[str, Any]:
 KINDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "fetch": fetch, "memory": memory, "harvest": harvest, "profile": profile, "job": job,
     "sickle_harvest": sickle_harvest, "definitions": definitions, "registry": registry,
+    "stored": stored,
     "shard_snapshot": shard_snapshot, "scheduler": scheduler,
 }
 

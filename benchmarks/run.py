@@ -69,6 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards-10k", action="store_true",
                         help="case 6 also at 10,000 harvesters (about 8 GB of RAM; also "
                         "OAIPMH_BENCH_10K=1)")
+    parser.add_argument("--shard-sizes", help="case 6 at these harvester counts instead "
+                        "(comma-separated, e.g. 3000,10000)")
+    parser.add_argument("--per-shard", type=int, help="case 6: harvesters per location "
+                        "(K = ceil(N / per-shard))")
+    parser.add_argument("--no-scheduler", action="store_true",
+                        help="case 6 without the scheduler iterations (at 10,000 the daemon's "
+                        "first iteration alone takes minutes)")
     args = parser.parse_args(argv)
     selected = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in selected if c not in CASES]
@@ -77,6 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     sizes = Sizes.quick() if args.quick else Sizes()
     if args.shards_10k or os.environ.get("OAIPMH_BENCH_10K") == "1":
         sizes.shard_sizes = (*sizes.shard_sizes, 10_000)
+    if args.shard_sizes:
+        sizes.shard_sizes = tuple(int(x) for x in args.shard_sizes.split(","))
+    if args.per_shard:
+        sizes.per_shard = args.per_shard
+    if args.no_scheduler:
+        sizes.shard_scheduler = False
     args.output.mkdir(parents=True, exist_ok=True)
     bench = Bench(sizes, args.output, echo=lambda s: print(s, flush=True))
     started = datetime.now(UTC)

@@ -349,7 +349,9 @@ def _one_size(b: Bench, n: int, k: int, base: dict[str, Any] | None) -> dict[str
     """Webserver, snapshot and scheduler measurements of N harvesters over K locations;
     a failed step becomes an error row and the next one runs."""
     run: dict[str, Any] = {}
-    steps = (("webserver", _webserver), ("snapshot", _snapshot), ("scheduler", _scheduler))
+    steps: tuple[tuple[str, Any], ...] = (("webserver", _webserver), ("snapshot", _snapshot))
+    if b.sizes.shard_scheduler:
+        steps = (*steps, ("scheduler", _scheduler))
     for name, step in steps:
         b.echo(f"  6 N={n:,} K={k}: {name} ...")
         try:

@@ -1,0 +1,149 @@
+"""Case 7: the whole harvest through the CLI against Sickle's bare fetch + parse loop.
+
+`oaipmh-dagster harvest ID` runs as users run it (a fresh process: imports, the Dagster
+job on an instance of its own, fetch, parse, transform, store), into SQLite and into
+PostgreSQL, and is timed from process start to exit; Sickle's `ListRecords` loop over
+the same pages touches every record in a process of its own (its import not counted).
+Runs are interleaved (Sickle, SQLite, PostgreSQL, ...) and the median of each is
+reported. A second, full harvest of the same store (every record unchanged) measures the
+incremental path. With `OAIPMH_BENCH_BASELINE=/path/to/checkout`, the CLI of that
+checkout runs too, in the same run, on the same server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.cases import (
+    ROOT,
+    Bench,
+    Row,
+    _expected_digest,
+    _fmt_rate,
+    postgres_database,
+)
+
+BASELINE_ENV = "OAIPMH_BENCH_BASELINE"
+HARVESTER = "bench_cli"
+
+
+def _cli(checkout: Path | None) -> list[str]:
+    """The command line of `oaipmh-dagster` (of another checkout when given)."""
+    if checkout is None:
+        return [str(Path(sys.executable).with_name("oaipmh-dagster"))]
+    return [sys.executable, "-c", "import sys; from oaipmh_dagster.cli import main; main()"]
+
+
+def _run_cli(b: Bench, db_url: str, url: str, home: Path, tag: str,
+             checkout: Path | None, full: bool) -> dict[str, Any]:
+    """One `harvest` through the CLI: register the harvester on first use, then time the
+    process from start to exit and check what it stored."""
+    env = {**os.environ, "DAGSTER_HOME": str(home), "OAIPMH_DATABASE_URL": db_url}
+    if checkout is not None:
+        env["PYTHONPATH"] = f"{checkout}{os.pathsep}{checkout / 'src'}"
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n", encoding="utf-8")
+    cli = _cli(checkout)
+    log = b.logs / f"cli-{tag}.log"
+    with log.open("a", encoding="utf-8") as out:
+        if not full:
+            subprocess.run([*cli, "harvester", "add", HARVESTER, "--url", url, "--prefix",
+                            "oai_dc", "--no-check"], env=env, cwd=ROOT, stdout=out,
+                           stderr=subprocess.STDOUT, check=True, timeout=300)
+        args = [*cli, "harvest", HARVESTER, *(["--full"] if full else [])]
+        t0 = time.perf_counter()
+        proc = subprocess.run(args, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                              timeout=1800)
+        wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"harvest through the CLI exited with {proc.returncode} (log {log})")
+    stored = b.child("stored", {"db": db_url, "id": HARVESTER})
+    return {"seconds": wall, **stored}
+
+
+def case_cli(b: Bench) -> None:
+    n = b.sizes.cli_records
+    srv = b.server(n)
+    expected = _expected_digest(n)
+    repeats = b.sizes.cli_repeats
+    baseline = os.environ.get(BASELINE_ENV)
+    checkouts: dict[str, Path | None] = {"ours": None}
+    if baseline:
+        checkouts["baseline"] = Path(baseline).resolve()
+    runs: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, Any] = {"records": n, "runs": runs}
+    b.raw["cli_e2e"] = out
+    for i in range(repeats):
+        sickle = b.child("sickle_harvest", {"url": srv.url})
+        runs.setdefault("sickle", []).append({**sickle, "rate": sickle["records"] / sickle["seconds"]})
+        for who, checkout in checkouts.items():
+            for engine in ("sqlite", "postgres"):
+                home = b.tmp / f"cli-{who}-{engine}-{i}"
+                try:
+                    if engine == "sqlite":
+                        db_url = f"sqlite:///{home / 'oaipmh.sqlite'}"
+                        first = _run_cli(b, db_url, srv.url, home, f"{who}-{engine}", checkout,
+                                         full=False)
+                        again = _run_cli(b, db_url, srv.url, home, f"{who}-{engine}",
+                                         checkout, full=True)
+                    else:
+                        with postgres_database() as db_url:
+                            first = _run_cli(b, db_url, srv.url, home, f"{who}-{engine}",
+                                             checkout, full=False)
+                            again = _run_cli(b, db_url, srv.url, home, f"{who}-{engine}",
+                                             checkout, full=True)
+                except Exception as exc:  # noqa: BLE001 - report, go on
+                    runs.setdefault(f"{who}-{engine}", []).append({"error": str(exc)})
+                    continue
+                finally:
+                    shutil.rmtree(home, ignore_errors=True)
+                for kind, r in (("first", first), ("unchanged", again)):
+                    r["rate"] = n / r["seconds"]
+                    r["same"] = (r["stored"], r["digest"]) == expected
+                    runs.setdefault(f"{who}-{engine}-{kind}", []).append(r)
+    _rows(b, n, runs, checkouts)
+
+
+def _median_rate(results: list[dict[str, Any]]) -> float | None:
+    rates = [r["rate"] for r in results if "rate" in r]
+    return statistics.median(rates) if rates else None
+
+
+def _rows(b: Bench, n: int, runs: dict[str, list[dict[str, Any]]],
+          checkouts: dict[str, Path | None]) -> None:
+    sickle = _median_rate(runs.get("sickle", []))
+    if sickle is None:
+        b.add(Row("7", "Sickle fetch + parse", "n/a", "no run"))
+        return
+    b.add(Row("7", f"Sickle ListRecords fetch + parse, {n:,} rec (peer)", _fmt_rate(sickle),
+              "median of " + ", ".join(_fmt_rate(r["rate"]) for r in runs["sickle"]),
+              values={"runs": runs["sickle"]}))
+    targets = {"sqlite": 1.0, "postgres": 0.8}
+    for who in checkouts:
+        for engine, target in targets.items():
+            for kind in ("first", "unchanged"):
+                results = runs.get(f"{who}-{engine}-{kind}", [])
+                rate = _median_rate(results)
+                label = (f"CLI harvest ({who}), {n:,} rec -> {engine}, "
+                         f"{'first harvest' if kind == 'first' else 'full again, all unchanged'}")
+                if rate is None:
+                    errors = runs.get(f"{who}-{engine}", [{}])
+                    b.add(Row("7", label, "n/a", f"error: {errors[-1].get('error', '?')[:200]}"))
+                    continue
+                ratio = rate / sickle
+                same = all(r["same"] for r in results)
+                row = Row("7", label, _fmt_rate(rate),
+                          f"{ratio:.2f}x Sickle; runs "
+                          + ", ".join(f"{r['seconds']:.1f} s" for r in results)
+                          + ("; store matches the data set" if same else "; STORE DIFFERS"),
+                          values={"runs": results, "ratio": ratio})
+                if who == "ours" and kind == "first":
+                    row.target = f">= {target:.1f}x Sickle"
+                    row.ok = "ok" if ratio >= target and same else "MISS"
+                b.add(row)
