@@ -3,7 +3,8 @@
 The steps of the first-run tour, in order (they share one `oaipmh-dagster demo`):
 launch the job from the Launchpad, read the asset graph and the materialization, toggle
 the schedule, read the since sensor's cursor, see raw_records' freshness and the assets'
-tags. Each step saves screenshots (conftest).
+tags, add a harvester from the Launchpad of `manage_harvesters` and run its new job. Each
+step saves screenshots (conftest).
 
 The demo harvested once before the UI started, so the launched run is incremental: it
 resolves its since when it starts from that harvest's `oai/next_since` (source `run`,
@@ -86,6 +87,13 @@ def wait_for_run(ui: DagsterUI, run_id: str, timeout: float = 180.0) -> str:
         time.sleep(1.0)
         status = run_status(ui, run_id)
     return status
+
+
+def run_id_in(url: str) -> str:
+    """The run id of a run page's address."""
+    match = RUN_ID.search(url)
+    assert match, f"not a run page: {url}"
+    return match.group(1)
 
 
 def latest_success_run(ui: DagsterUI) -> str:
@@ -199,7 +207,7 @@ def test_launch_demo_job_from_launchpad(dagster_ui: DagsterUI, page: Any, shot: 
     assert before["oai/advances_since"] is True and before["oai/next_since"], before
     launch.click()
     page.wait_for_url(RUN_ID, timeout=60_000)
-    run_id = RUN_ID.search(page.url).group(1)
+    run_id = run_id_in(page.url)
 
     assert wait_for_run(dagster_ui, run_id) == "SUCCESS", dagster_ui.log_tail()
     run = dagster_ui.graphql(RUN_QUERY, {"runId": run_id})["runOrError"]
@@ -417,3 +425,142 @@ def test_freshness_and_tags(dagster_ui: DagsterUI, page: Any, shot: Any) -> None
     # The demo started `dagster dev` in $DAGSTER_HOME: no warning about an ignored
     # dagster.yaml in its log.
     assert "will not be used to configure Dagster" not in dagster_ui.log_path.read_text()
+
+
+MANAGE_JOB = "manage_harvesters"
+MANAGE_OP = "manage_harvester"
+ADDED = "added_in_ui"  # no other harvester's id starts with it: text matches stay exact
+ADDED_JOB = f"harvest_oaipmh_records_{ADDED}"
+JOB_QUERY = """
+query Job($selector: PipelineSelector!) { pipelineOrError(params: $selector) { __typename } }
+"""
+REGISTRY_QUERY = """
+query Registry { assetOrError(assetKey: {path: ["oaipmh", "registry"]}) { __typename
+  ... on Asset { assetMaterializations(limit: 1) { runId metadataEntries { label
+    ... on MarkdownMetadataEntry { mdStr } } } } } }
+"""
+
+
+def job_exists(ui: DagsterUI, name: str) -> bool:
+    selector = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY,
+                "pipelineName": name}
+    found = ui.graphql(JOB_QUERY, {"selector": selector})["pipelineOrError"]
+    return found["__typename"] == "Pipeline"
+
+
+def set_editor_text(pg: Any, editor: Any, text: str) -> None:
+    """Replace the whole text of a CodeMirror editor: through the editor's own API (no
+    auto-indent or bracket closing on the way), else select all and insert the text."""
+    done = editor.evaluate("""(el, text) => {
+        const cm = el.CodeMirror;
+        if (!cm) return false;
+        cm.setValue(text);
+        cm.focus();
+        return true;
+    }""", text)
+    if not done:
+        editor.click()
+        pg.keyboard.press("Control+A")
+        pg.keyboard.insert_text(text)
+    expect(editor).to_contain_text(text.splitlines()[-1].strip())
+
+
+def show_info_logs(pg: Any, line: re.Pattern[str]) -> None:
+    """On a run page whose log shows `line`, hide Dagster's own events: only the op's log
+    lines stay. The browser keeps the choice of levels for later run pages."""
+    expect(pg.get_by_text(line).first).to_be_visible()
+    if pg.get_by_text("RUN_SUCCESS").count():
+        pg.get_by_role("button", name=re.compile(r"Levels \(")).click()
+        pg.get_by_role("menuitem", name=re.compile(r"^event")).click()
+        pg.keyboard.press("Escape")
+    expect(pg.get_by_text("RUN_SUCCESS")).to_have_count(0)
+
+
+def expect_run_page_success(pg: Any, job: str) -> None:
+    """The run page shows the run's success (reloaded once if it missed the last events)."""
+    success = pg.get_by_text("Success", exact=True).first
+    try:
+        expect(success).to_be_visible(timeout=30_000)
+    except AssertionError:
+        pg.reload()
+        expect(success).to_be_visible(timeout=60_000)
+    expect(pg.get_by_text(f"Run of {job}")).to_be_visible()
+
+
+def test_add_harvester_from_launchpad(dagster_ui: DagsterUI, page: Any, shot: Any) -> None:
+    """Step 6: the Launchpad of manage_harvesters adds a harvester of the demo endpoint;
+    the run reloads the code location (the demo's `dagster dev` has
+    OAIPMH_DAGSTER_WEBSERVER pointing at itself), so the harvester's job appears in the UI
+    without a restart, and a run of it launched there succeeds."""
+    assert not job_exists(dagster_ui, ADDED_JOB)
+    config = (f"ops:\n  {MANAGE_OP}:\n    config:\n      action: add\n      id: {ADDED}\n"
+              f"      url: {dagster_ui.oai_url}\n      prefix: oai_dc\n")
+    page.goto(f"/locations/{LOCATION}/jobs/{MANAGE_JOB}/playground")
+    editor = page.locator(".CodeMirror").first
+    expect(editor).to_be_visible(timeout=60_000)
+    set_editor_text(page, editor, config)
+    expect(editor).to_contain_text(f"id: {ADDED}")
+    expect(page.get_by_text("No errors")).to_be_visible()
+    # With the cursor on a field, the right-hand panel documents the op's config.
+    editor.locator(".CodeMirror-line", has_text="prefix").click()
+    expect(page.get_by_text("metadataPrefix to harvest").first).to_be_visible()
+    shot(page, "16-manage-launchpad")
+
+    launch = page.get_by_role("button", name=re.compile(r"Launch Run"))
+    expect(launch).to_be_enabled()
+    launch.click()
+    page.wait_for_url(RUN_ID, timeout=60_000)
+    run_id = run_id_in(page.url)
+    # The run probes the endpoint, writes the row and waits for the location's reload.
+    assert wait_for_run(dagster_ui, run_id, timeout=300.0) == "SUCCESS", dagster_ui.log_tail()
+    assert dagster_ui.graphql(RUN_QUERY, {"runId": run_id})["runOrError"]["jobName"] == (
+        MANAGE_JOB)
+    expect_run_page_success(page, MANAGE_JOB)
+    show_info_logs(page, re.compile(
+        rf"^added harvester {ADDED}: {re.escape(dagster_ui.oai_url)} \(oai_dc\); "
+        rf"job and schedule {ADDED_JOB}"))
+    expect(page.get_by_text(re.compile(
+        rf"^reloaded code location '{LOCATION}' at {re.escape(dagster_ui.base_url)}"))
+        .first).to_be_visible()
+    expect(page.get_by_text(re.compile(
+        rf"^job {ADDED_JOB}: {re.escape(dagster_ui.base_url)}/locations/{LOCATION}/jobs/"
+        rf"{ADDED_JOB}")).first).to_be_visible()
+    shot(page, "17-manage-run-log")
+    registry = dagster_ui.graphql(REGISTRY_QUERY)["assetOrError"]
+    (mat,) = registry["assetMaterializations"]
+    table = next(e["mdStr"] for e in mat["metadataEntries"] if e["label"] == "registry")
+    assert mat["runId"] == run_id and f"| {ADDED} | {dagster_ui.oai_url} | oai_dc |" in table
+
+    # The reload happened inside the run: the job is there, no restart, no manual reload.
+    assert job_exists(dagster_ui, ADDED_JOB)
+    page.goto("/jobs")
+    link = page.locator(f'a[href$="/locations/{LOCATION}/jobs/{ADDED_JOB}"]').first
+    try:
+        expect(link).to_be_visible(timeout=30_000)
+    except AssertionError:  # the page may have shown a workspace cached before the reload
+        page.reload()
+        expect(link).to_be_visible(timeout=60_000)
+    link.click()
+    expect(page.get_by_role("button", name="Materialize all")).to_be_visible(timeout=60_000)
+    expect(page.get_by_text(f"oaipmh/harvester: {ADDED}").first).to_be_visible()
+    shot(page, "added-harvester-job", docs=False)
+
+    page.get_by_role("button", name="arrow_drop_down").click()
+    page.get_by_role("menuitem", name="Open launchpad").click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog.locator(".CodeMirror").first).to_contain_text(f"harvest_{ADDED}")
+    expect(dialog.get_by_text("No errors")).to_be_visible()
+    dialog.get_by_role("button", name=re.compile(r"Materialize$")).click()
+    page.wait_for_url(RUN_ID, timeout=60_000)
+    harvest_id = run_id_in(page.url)
+    assert wait_for_run(dagster_ui, harvest_id) == "SUCCESS", dagster_ui.log_tail()
+    run = dagster_ui.graphql(RUN_QUERY, {"runId": harvest_id})["runOrError"]
+    assert run["jobName"] == ADDED_JOB
+    tags = {t["key"]: t["value"] for t in run["tags"]}
+    assert tags["oaipmh/harvester"] == ADDED
+    expect_run_page_success(page, ADDED_JOB)
+    # Its first harvest is a full one: nothing was recorded for it before.
+    expect(page.get_by_text(re.compile(
+        rf"^harvesting {ADDED} .*since=- \(from none\)")).first).to_be_visible()
+    show_info_logs(page, re.compile(rf"^harvest finished: {ADDED}: \d+ records"))
+    shot(page, "18-added-harvester-run")
