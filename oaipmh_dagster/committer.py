@@ -16,6 +16,7 @@ __all__ = ["Committer"]
 
 T = TypeVar("T")
 _STOP = object()
+ABANDON_AFTER = 10.0  # seconds the pages handed over get to commit after an error
 
 
 class Committer(Generic[T]):
@@ -74,13 +75,21 @@ class Committer(Generic[T]):
         self._raise()
         return self.committed()
 
-    def _close(self) -> None:
-        if self._thread.is_alive():
-            self._todo.put(_STOP)
-            self._thread.join()
+    def _close(self, wait: float | None = None) -> None:
+        """Stop the thread after the items handed over; with `wait`, give up waiting
+        after that many seconds (the thread is a daemon)."""
+        if not self._thread.is_alive():
+            return
+        try:
+            self._todo.put(_STOP, timeout=wait)
+        except queue.Full:
+            return
+        self._thread.join(wait)
 
     def __enter__(self) -> Committer[T]:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # After the caller's error (an interrupt included), the pages already handed over
+        # get a bounded time to commit: the error must not wait on a stuck database.
+        self._close(None if exc_type is None else ABANDON_AFTER)

@@ -83,3 +83,17 @@ def test_items_handed_over_before_the_callers_error_are_committed() -> None:
         committer.submit(2)
         raise ValueError("fetch failed")
     assert done == [1, 2]
+
+
+def test_an_error_does_not_wait_for_a_stuck_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    import oaipmh_dagster.committer as committer_mod
+
+    monkeypatch.setattr(committer_mod, "ABANDON_AFTER", 0.3)
+    stuck = threading.Event()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), Committer(lambda item: stuck.wait(30)) as committer:
+        committer.submit(1)  # committing, stuck
+        committer.submit(2)  # waiting
+        raise KeyboardInterrupt
+    assert time.monotonic() - started < 5
+    stuck.set()

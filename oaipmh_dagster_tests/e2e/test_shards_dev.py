@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from oaipmh_dagster.contracts import SENSOR_NAME, job_name, op_name
+from oaipmh_dagster.contracts import JOB_PREFIX, SENSOR_NAME, job_name, op_name
 from oaipmh_dagster.demo.dataset import SECONDS, make_dataset
 from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.shards import Shard, shard_of
@@ -55,10 +55,11 @@ def _entries(dev: DagsterDev) -> dict[str, dict[str, Any]]:
 
 
 def _jobs(dev: DagsterDev, location: str) -> set[str]:
+    """The harvest jobs of a location (shard 0 also hosts manage_harvesters)."""
     sel = {"repositoryLocationName": location, "repositoryName": REPOSITORY}
     repo = dev.graphql(JOBS, {"sel": sel})["repositoryOrError"]
     assert repo["__typename"] == "Repository", repo
-    return {j["name"] for j in repo["jobs"] if not j["name"].startswith("__")}
+    return {j["name"] for j in repo["jobs"] if j["name"].startswith(JOB_PREFIX)}
 
 
 def _launch(dev: DagsterDev, location: str, harvester_id: str) -> str:
