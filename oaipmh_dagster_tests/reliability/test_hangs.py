@@ -243,6 +243,13 @@ WINDOWED_CHILD = textwrap.dedent("""
 """)
 
 
+def _sigint_acts() -> None:
+    """In the child: SIGINT acts (a Ctrl-C), even when this pytest was started from a
+    background shell that ignores SIGINT: Python leaves an inherited ignore in place, so
+    the harvest would never see the KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture
 def big_server() -> Iterator[OAIServer]:
     """3000 records in pages of 100: a list long enough to be cut into windows."""
@@ -260,7 +267,7 @@ def test_windowed_harvest_stops_on_sigint(database_url: str, big_server: OAIServ
     server.faults.add("delay", verb="ListRecords", page=2, times=None, seconds=600)
     proc = subprocess.Popen([sys.executable, "-c", WINDOWED_CHILD, server.base_url],
                             env=_env(database_url), text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT, preexec_fn=_sigint_acts)
     try:
         _wait_for(lambda: sum(r.page == 2 and r.finished is None for r in server.requests) >= 3,
                   60, "three stalled requests", proc)
