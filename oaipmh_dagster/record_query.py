@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
 
-from oaipmh_dagster.store import record_table, utc_datestamp
+from oaipmh_dagster.store import Store, record_table, utc_datestamp
 
 __all__ = ["Selection", "select_records"]
 
@@ -39,9 +39,10 @@ def _has_set(engine: Engine, spec: str) -> sa.ColumnElement[bool]:
     return sa.exists().select_from(each).where(each.c.value == spec)
 
 
-def _where(engine: Engine, harvester_id: str, sel: Selection) -> list[sa.ColumnElement[bool]]:
+def _where(engine: Engine, sel: Selection) -> list[sa.ColumnElement[bool]]:
+    """The selection's conditions beyond the harvester."""
     c = record_table.c
-    where = [c.harvester_id == harvester_id]
+    where: list[sa.ColumnElement[bool]] = []
     if sel.since is not None:
         where.append(c.datestamp >= utc_datestamp(sel.since))  # the stored form sorts
     if sel.set_spec is not None:
@@ -53,41 +54,9 @@ def _where(engine: Engine, harvester_id: str, sel: Selection) -> list[sa.ColumnE
     return where
 
 
-def _utc(value: datetime) -> str:
-    return utc_datestamp(value.replace(tzinfo=UTC) if value.tzinfo is None else value)
-
-
 def select_records(engine: Engine, harvester_id: str, selection: Selection = Selection(), *,
                    with_raw: bool = False, batch: int = 1000) -> Iterator[dict[str, Any]]:
     """The selected records as the CLI's JSON objects (with `raw_xml` when asked)."""
-    c = record_table.c
-    cols = [c.oai_identifier, c.datestamp, c.deleted, c.sets, c.metadata, c.errors,
-            c.harvested_at, c.run_id]
-    if with_raw:
-        cols.append(c.raw_xml)
-    where = _where(engine, harvester_id, selection)
-    last = ""
-    while True:
-        q = (sa.select(*cols).where(*where, c.oai_identifier > last)
-             .order_by(c.oai_identifier).limit(batch))
-        with engine.connect() as conn:
-            rows = conn.execute(q).mappings().all()
-        if not rows:
-            return
-        for row in rows:
-            if selection.errors_only and not row["errors"]:
-                continue
-            item = {
-                "oai_identifier": row["oai_identifier"],
-                "datestamp": row["datestamp"],
-                "deleted": bool(row["deleted"]),
-                "sets": list(row["sets"] or []),
-                "metadata": None if row["deleted"] else row["metadata"],
-                "errors": list(row["errors"] or []),
-                "harvested_at": _utc(row["harvested_at"]),
-                "run_id": row["run_id"],
-            }
-            if with_raw:
-                item["raw_xml"] = row["raw_xml"]
-            yield item
-        last = rows[-1]["oai_identifier"]
+    return Store(engine).iter_records(
+        harvester_id, errors_only=selection.errors_only, with_raw=with_raw, batch=batch,
+        where=_where(engine, selection))

@@ -321,10 +321,10 @@ class Store:
 
     def iter_records(
         self, harvester_id: str, *, errors_only: bool = False, with_raw: bool = False,
-        batch: int = 1000,
+        batch: int = 1000, where: Sequence[Any] = (),
     ) -> Iterator[dict[str, Any]]:
-        """Every record of a harvester as the CLI's JSON objects, ordered by identifier,
-        read in batches (constant memory)."""
+        """Every record of a harvester (that also meets the `where` conditions) as the
+        CLI's JSON objects, ordered by identifier, read in batches (constant memory)."""
         c = record_table.c
         cols = [c.oai_identifier, c.datestamp, c.deleted, c.sets, c.metadata, c.errors,
                 c.harvested_at, c.run_id]
@@ -333,7 +333,7 @@ class Store:
         last = ""
         while True:
             q = (sa.select(*cols)
-                 .where(c.harvester_id == harvester_id, c.oai_identifier > last)
+                 .where(c.harvester_id == harvester_id, c.oai_identifier > last, *where)
                  .order_by(c.oai_identifier).limit(batch))
             with self.engine.connect() as conn:
                 rows = conn.execute(q).mappings().all()
