@@ -55,6 +55,8 @@ class Sizes:
     per_shard: int = 200  # K = ceil(N / per_shard) code locations
     shard_scheduler: bool = True  # measure the scheduler daemon's iterations too
     shard_baseline: int = 1000  # N of the one-location (K=1) comparison
+    aggregator_records: int = 20_000
+    aggregator_repeats: int = 3
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -62,7 +64,8 @@ class Sizes:
                    latency_records=2_000, memory_records=(2_000, 20_000),
                    definitions=(20, 50), reloads=(50,), reload_repeats=1,
                    shard_sizes=(100,), per_shard=50, shard_baseline=100,
-                   cli_records=2_000, cli_repeats=1)
+                   cli_records=2_000, cli_repeats=1, aggregator_records=2_000,
+                   aggregator_repeats=1)
 
 
 @dataclass
@@ -514,6 +517,13 @@ def case_cli(b: Bench) -> None:
     run(b)
 
 
+def case_aggregator(b: Bench) -> None:
+    """Case 8 (benchmarks/aggregator.py, which imports this module)."""
+    from benchmarks.aggregator import case_aggregator as run
+
+    run(b)
+
+
 CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
     "1": ("fetch + parse throughput vs Sickle and oaipmh-scythe", case_fetch),
     "2": ("end-to-end harvest throughput (SQLite, PostgreSQL, job)", case_e2e),
@@ -522,6 +532,7 @@ CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
     "5": ("definitions load and GraphQL reload", case_definitions),
     "6": ("sharded code locations", case_shards),
     "7": ("end to end through the CLI vs Sickle (SQLite, PostgreSQL)", case_cli),
+    "8": ("cost of schema validation and of an XSLT crosswalk per record", case_aggregator),
 }
 
 

@@ -162,9 +162,11 @@ def stored(args: dict[str, Any]) -> dict[str, Any]:
 def _harvester(args: dict[str, Any]) -> Any:
     from oaipmh_dagster.registry import Harvester
 
+    extra = {k: args[k] for k in ("transformer", "schema") if args.get(k)}
     return Harvester(id=args.get("id", "bench"), base_url=args["url"],
                      metadata_prefix=args.get("prefix", "oai_dc"),
-                     max_parallel=int(args.get("max_parallel", 1)), max_retries=2, timeout=60)
+                     max_parallel=int(args.get("max_parallel", 1)), max_retries=2, timeout=60,
+                     **extra)
 
 
 def harvest(args: dict[str, Any]) -> dict[str, Any]:

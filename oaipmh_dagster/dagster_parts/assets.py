@@ -348,8 +348,9 @@ def records_metadata(store: Store, h: Harvester, counts: dict) -> dict:
 
 
 def preview_markdown(store: Store, harvester_id: str, rows: int = 10) -> str:
-    """The first live records as a Markdown table (pandas)."""
-    import pandas as pd
+    """The first live records as a Markdown table (tabulate: importing pandas for ten
+    rows cost every run about 0.5 s)."""
+    from tabulate import tabulate
 
     from oaipmh_dagster.flat import flatten
 
@@ -361,11 +362,13 @@ def preview_markdown(store: Store, harvester_id: str, rows: int = 10) -> str:
             break
     if not items:
         return "_no live records_"
-    frame = pd.DataFrame(items)
-    keep = [c for c in frame.columns if c in ("oai_identifier", "datestamp", "sets")]
-    keep += [c for c in frame.columns if c.startswith("metadata.")][:4]
-    # A '|' inside a cell (flatten joins lists with ' | ') would split the Markdown row.
-    cells = frame[keep].map(
-        lambda v: v.replace("|", "\\|").replace("\n", " ") if isinstance(v, str) else v
-    )
-    return cells.to_markdown(index=False)
+    columns = list(dict.fromkeys(c for item in items for c in item))
+    keep = [c for c in columns if c in ("oai_identifier", "datestamp", "sets")]
+    keep += [c for c in columns if c.startswith("metadata.")][:4]
+
+    def cell(v: object) -> object:
+        # A '|' inside a cell (flatten joins lists with ' | ') would split the Markdown row.
+        return v.replace("|", "\\|").replace("\n", " ") if isinstance(v, str) else v
+
+    return tabulate([[cell(item.get(c)) for c in keep] for item in items], headers=keep,
+                    tablefmt="pipe", missingval="", disable_numparse=True)
