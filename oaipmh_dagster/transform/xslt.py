@@ -30,7 +30,7 @@ import os
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote, urljoin, urlsplit
 from urllib.request import url2pathname
 
@@ -42,7 +42,9 @@ from ._util import TransformError
 PREFIX = "xslt:"
 XSL_NS = "http://www.w3.org/1999/XSL/Transform"
 _PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
-_ACCESS = etree.XSLTAccessControl(
+_POSITION_SUFFIX = re.compile(r", line \d+, column \d+$")
+# cast: lxml-stubs declare neither these keywords nor XSLT's error_log and parameters.
+_ACCESS = cast(Any, etree.XSLTAccessControl)(
     read_file=True, write_file=False, create_dir=False, read_network=False,
     write_network=False,
 )
@@ -155,7 +157,8 @@ class XsltTransformer:
             return etree.fromstring(source, _parser(), base_url=path)
         except etree.XMLSyntaxError as exc:
             line = exc.position[0] if exc.position else exc.lineno
-            raise self._refuse(f"stylesheet {path} is not XML: {exc.msg} (line {line})",
+            message = _POSITION_SUFFIX.sub("", exc.msg or "") or "not well-formed"
+            raise self._refuse(f"stylesheet {path} is not XML: {message} (line {line})",
                                f"{path}, line {line}") from None
 
     def _local_files(self, root: etree._Element, seen: dict[str, bytes]) -> None:
@@ -232,7 +235,7 @@ class XsltTransformer:
         """The name plus a digest of the stylesheet bytes (and of local includes)."""
         return f"{self.name}\x1fsha256:{self.current().digest}"
 
-    def _xslt(self) -> etree.XSLT:
+    def _xslt(self) -> Any:
         version = self.current()
         held = getattr(self._local, "held", None)
         if held is None or held[0] is not version:
