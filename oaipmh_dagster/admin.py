@@ -86,12 +86,29 @@ def _open(registry: Registries) -> Registry:
 
 
 def _check_transformer(name: str) -> None:
-    from oaipmh_dagster.transform import get_transformer
+    from oaipmh_dagster.transform import TransformError, get_transformer, xslt
 
     try:
         get_transformer(name)
+    except TransformError as exc:
+        if xslt.is_xslt(name):  # the message names the file and libxslt's error
+            raise AdminError(f"transformer refused: {exc.message}", usage=True) from exc
+        raise AdminError(f"unknown transformer {name!r}: {exc}", usage=True) from exc
     except Exception as exc:  # noqa: BLE001 - any failure to load is bad input
         raise AdminError(f"unknown transformer {name!r}: {exc}", usage=True) from exc
+
+
+def _absolute_transformer(name: str | None) -> str | None:
+    """An xslt: transformer with its stylesheet path made absolute (a code server may
+    run in another directory); any other name as given."""
+    from oaipmh_dagster.transform import TransformError, xslt
+
+    if name is None or not xslt.is_xslt(name):
+        return name
+    try:
+        return xslt.normalize(name)
+    except TransformError as exc:
+        raise AdminError(f"transformer refused: {exc.message}", usage=True) from exc
 
 
 def probe(url: str, prefix: str, timeout: float, sets: tuple[str, ...] = ()) -> str:
@@ -157,6 +174,7 @@ def add_harvester(
     http = {k: v for k, v in http.items() if v is not None}
     if http.get("reconcile_every") == 0:
         del http["reconcile_every"]
+    transformer = _absolute_transformer(transformer)
     try:
         validate_id(harvester_id)
         validate_url(url)
@@ -208,6 +226,8 @@ def update_harvester(
     except (HarvesterNotFound, InvalidHarvester) as exc:
         raise AdminError(str(exc)) from exc
     changes = {k: v for k, v in fields.items() if v is not None}
+    if "transformer" in changes:
+        changes["transformer"] = _absolute_transformer(changes["transformer"])
     if cron is not None:
         changes["cron"] = cron
     if changes.get("reconcile_every") == 0:

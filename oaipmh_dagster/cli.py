@@ -209,7 +209,8 @@ def _http_options(f):  # noqa: ANN001, ANN202 - click decorator plumbing
 @click.option("--timezone", default="UTC", show_default=True, help="Timezone of the cron.")
 @click.option("--enabled/--disabled", default=True, help="Schedule running by default.")
 @click.option("--name", help="Display name.")
-@click.option("--transformer", help="Built-in transformer or package.module:function "
+@click.option("--transformer", help="Built-in transformer, xslt:PATH[?name=value&...] (an "
+              "XSLT stylesheet, path made absolute) or package.module:function "
               "(default by prefix).")
 @click.option("--no-check", is_flag=True, help="Do not probe the endpoint.")
 @_http_options
@@ -235,7 +236,8 @@ def harvester_add(harvester_id: str, url: str, prefix: str, sets: tuple[str, ...
 @click.option("--timezone", help="Timezone of the cron.")
 @click.option("--enabled/--disabled", default=None, help="Schedule running by default.")
 @click.option("--name", help="Display name.")
-@click.option("--transformer", help="Built-in transformer or package.module:function.")
+@click.option("--transformer", help="Built-in transformer, xslt:PATH[?name=value&...] or "
+              "package.module:function.")
 @click.option("--no-check", is_flag=True, help="Do not probe the endpoint.")
 @_http_options
 def harvester_update(harvester_id: str, sets: tuple[str, ...], all_sets: bool, no_cron: bool,

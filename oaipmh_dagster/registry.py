@@ -24,7 +24,10 @@ ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_]{0,47}$")
 # OAI-PMH 2.0 schema: metadataPrefix and setSpec character classes.
 PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9\-_.!~*'()]+$")
 SET_SPEC_PATTERN = re.compile(r"^[A-Za-z0-9\-_.!~*'()]+(:[A-Za-z0-9\-_.!~*'()]+)*$")
-TRANSFORMER_PATTERN = re.compile(r"^([a-z0-9_]+|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$")
+# A built-in name, a plugin path, or xslt:PATH[?name=value&...] (see transform/xslt.py).
+TRANSFORMER_PATTERN = re.compile(
+    r"^([a-z0-9_]+|[A-Za-z_][\w.]*:[A-Za-z_]\w*|xslt:[^\x00-\x1f\x7f?][^\x00-\x1f\x7f]*)$"
+)
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Column sizes, checked at input so a value never fails at the database.
 MAX_URL = 2048
@@ -261,7 +264,8 @@ def validate(h: Harvester) -> None:
         raise InvalidHarvester(f"transformer is longer than {MAX_SHORT} characters")
     if not TRANSFORMER_PATTERN.fullmatch(h.transformer):
         raise InvalidHarvester(
-            f"invalid transformer {h.transformer!r}: a built-in name or 'package.module:function'"
+            f"invalid transformer {h.transformer!r}: a built-in name, xslt:PATH or "
+            "'package.module:function'"
         )
     validate_cron(h.cron)
     validate_timezone(h.timezone)

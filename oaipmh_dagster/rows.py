@@ -30,6 +30,7 @@ from oaipmh_dagster.store import (
     Store,
     utc_datestamp,
 )
+from oaipmh_dagster.transform import transformer_identity
 
 __all__ = ["Counts", "HarvestRecord", "PreparedPage", "Transform", "commit_page", "prepare_page",
            "retransform", "write_page"]
@@ -189,7 +190,10 @@ def prepare_page(
         latest[identifier] = rec  # a page may repeat an identifier
     if existing is None:
         existing = store.hashes(harvester_id, list(latest))
-    produced = f"{metadata_prefix}\x1f{transformer if transform else ''}".encode()
+    # An xslt: transformer's identity holds the stylesheet's digest: an edited crosswalk
+    # rewrites records whose harvested content is unchanged.
+    ident = transformer_identity(transformer) if transform and transformer else ""
+    produced = f"{metadata_prefix}\x1f{ident}".encode()
     now = datetime.now(UTC)
     rows = [v for identifier, rec in latest.items()
             if (v := _row(harvester_id, identifier, rec, existing, produced, transform,

@@ -63,8 +63,10 @@ class ManageConfig(dg.Config):
                                  "(add: true).")
     name: str | None = Field(default=None, description="Display name (add: the "
                              "repository's name from Identify).")
-    transformer: str | None = Field(default=None, description="Built-in transformer or "
-                                    "package.module:function (add: by prefix).")
+    transformer: str | None = Field(default=None, description="Built-in transformer, "
+                                    "xslt:PATH[?name=value&...] (an XSLT stylesheet on the "
+                                    "code server's filesystem) or package.module:function "
+                                    "(add: by prefix).")
     timeout: float | None = Field(default=None, description="Read timeout per request, "
                                   "seconds (add: 60).")
     delay: float | None = Field(default=None, description="Minimum seconds between requests "

@@ -1,8 +1,9 @@
 """Metadata transformers: one record's metadata XML -> a flat, JSON-ready dict.
 
-A transformer is a callable ``(element) -> dict``. It is named either by a built-in
-name (``oai_dc``, ``datacite``, ``marc21``/``marcxml``, ``xml``; see
-:func:`available_transformers`) or by a dotted plugin path ``package.module:function``
+A transformer is a callable ``(element) -> dict``. It is named by a built-in name
+(``oai_dc``, ``datacite``, ``marc21``/``marcxml``, ``xml``; see
+:func:`available_transformers`), by ``xslt:PATH[?name=value&...]`` (an XSLT
+stylesheet, see :mod:`.xslt`) or by a dotted plugin path ``package.module:function``
 that is imported on first use. :func:`transform_record` parses the metadata bytes
 with a hardened parser, applies the transformer and turns every failure into a
 :class:`TransformError` that says what went wrong and where.
@@ -19,7 +20,7 @@ from lxml import etree
 
 from oaipmh_dagster.oai import hardened_parser
 
-from . import datacite, marc21, oai_dc, xml
+from . import datacite, marc21, oai_dc, xml, xslt
 from ._util import TransformError, element_path
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "register_transformer",
     "transform_element",
     "transform_record",
+    "transformer_identity",
 ]
 
 Transformer = Callable[[etree._Element], dict[str, Any]]
@@ -73,7 +75,7 @@ def _unknown(name: str) -> TransformError:
     return TransformError(
         "unknown_transformer",
         f"unknown transformer {name!r}: use one of {', '.join(available_transformers())} "
-        "or a plugin path 'package.module:function'",
+        "xslt:PATH or a plugin path 'package.module:function'",
         name,
     )
 
@@ -108,10 +110,10 @@ def _load_plugin(path: str) -> Transformer:
 
 
 def get_transformer(name: str) -> Transformer:
-    """Resolve a built-in name or a ``package.module:function`` plugin path.
+    """Resolve a built-in name, an ``xslt:`` spec or a ``package.module:function`` path.
 
-    Raises :class:`TransformError` (a ``ValueError``) with type ``unknown_transformer``
-    or ``bad_plugin`` and a message that lists the built-ins.
+    Raises :class:`TransformError` (a ``ValueError``) with type ``unknown_transformer``,
+    ``bad_plugin`` or ``bad_stylesheet`` and a message that says what is wrong.
     """
     if not isinstance(name, str):
         raise TransformError(
@@ -121,6 +123,8 @@ def get_transformer(name: str) -> Transformer:
     fn = _registry.get(key)
     if fn is not None:
         return fn
+    if xslt.is_xslt(key):
+        return xslt.get(key)
     fn = _plugins.get(key)
     if fn is not None:
         return fn
@@ -134,6 +138,12 @@ def get_transformer(name: str) -> Transformer:
         )
     fn = _plugins[key] = _load_plugin(key)
     return fn
+
+
+def transformer_identity(name: str) -> str:
+    """What a transformer name stands for in records' content hashes: the name itself,
+    plus the stylesheet's digest for ``xslt:`` (an edited crosswalk changes it)."""
+    return xslt.identity(name) if xslt.is_xslt(name) else name
 
 
 def parse_metadata(metadata_xml: bytes | str) -> etree._Element:
@@ -216,7 +226,7 @@ def _apply(fn: Transformer, name: str, element: etree._Element) -> dict[str, Any
         ) from None
     except Exception as exc:
         raise TransformError("transform_failed", f"{type(exc).__name__}: {exc}", name) from exc
-    if fn not in _BUILTIN_FUNCS:
+    if fn not in _BUILTIN_FUNCS and not isinstance(fn, xslt.XsltTransformer):
         if not isinstance(result, dict):
             raise TransformError(
                 "bad_output", f"transformer returned {type(result).__name__}, not a dict", name
