@@ -597,8 +597,8 @@ def _print_records(items: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="A JSON object: coverage {field: "
               "fraction} (4 decimals, highest first), records (profiled), distinct {short "
               "field: count, or \"1000+\"}, live, sampled, fields_dropped.")
-@click.option("--max-records", type=click.IntRange(min=0), default=50_000, show_default=True,
-              help="Past this many live records, profile a systematic sample of this many "
+@click.option("--max-records", type=click.IntRange(min=0), default=20_000,
+              show_default=True, help="Past this many live records, profile a systematic sample of this many "
               "(one in every k by identifier); 0: every record.")
 def profile(harvester_id: str, as_json: bool, max_records: int) -> None:
     """Field coverage of a harvester's live records: the share of records in which each

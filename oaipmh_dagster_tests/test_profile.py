@@ -12,6 +12,7 @@ import pytest
 from oaipmh_dagster import db
 from oaipmh_dagster.profile import (
     DISTINCT_CAP,
+    MAX_FIELDS,
     MAX_RECORDS,
     SHORT_MAX,
     bar,
@@ -105,8 +106,17 @@ def test_presence_rules() -> None:
     assert p.records == 4
     assert p.coverage() == {"b": 0.5, "d.x.y": 0.25, "dm": 0.25, "l": 0.25, "n": 0.25,
                             "dl": 0.0, "e.k": 0.0}
-    assert p.distinct()["dm"] == 1  # dict elements compared as their JSON
+    assert "dm" not in p.distinct()  # dict elements: structured, no distinct count
+    assert p.fields["dm"].distinct_label == "structured values"
     assert p.distinct()["b"] == 2
+    assert p.distinct()["n"] == 1
+
+
+def test_fields_past_max_fields() -> None:
+    p = profile_records([{f"f{i:04d}": "v" for i in range(MAX_FIELDS + 3)}] * 2)
+    assert len(p.coverage()) == MAX_FIELDS and p.fields_dropped == 6
+    assert f"Only the first {MAX_FIELDS} fields are followed; 6 values of further " \
+        "fields were not counted." in coverage_markdown(p)
 
 
 def test_sample_past_max_records(database_url: str) -> None:
