@@ -618,9 +618,9 @@ def profile(harvester_id: str, as_json: bool, max_records: int) -> None:
         return
     from tabulate import tabulate
 
-    rows = [[name, bar(share), percent(share), distinct]
-            for name, share, distinct in coverage_rows(p)]
-    click.echo(tabulate(rows, headers=["field", "coverage", "", "distinct"],
+    rows = [[name, bar(share), percent(share), distinct.removesuffix(" distinct")
+             .removesuffix(" values")] for name, share, distinct in coverage_rows(p)]
+    click.echo(tabulate(rows, headers=["field", "coverage", "share", "distinct"],
                         colalign=("left", "left", "right", "right")) if rows
                else "no field is present in any record")
     click.echo(note(p))

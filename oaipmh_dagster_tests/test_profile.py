@@ -170,9 +170,12 @@ def test_cli_table(run, known: Store) -> None:  # noqa: ANN001
     r = run("profile", "k")
     assert r.code == 0, r.err
     lines = r.out.splitlines()
-    assert lines[0].split() == ["field", "coverage", "distinct"]
-    row = next(line for line in lines if line.startswith("title "))
-    assert row.split() == ["title", "█████·····", "50.0%", "2", "distinct"]
+    assert lines[0].split() == ["field", "coverage", "share", "distinct"]
+    rows = {line.split()[0]: line.split()[1:] for line in lines[2:-1]}
+    assert rows["title"] == ["█████·····", "50.0%", "2"]
+    assert rows["abstract"] == ["███·······", "25.0%", "long"]
+    assert rows["types.specific"] == ["··········", "0%", "0"]
+    assert list(rows) == list(profile_store(known, "k").coverage())
     assert lines[-1] == "All 4 live records."
 
 
