@@ -596,6 +596,40 @@ def _print_records(items: Any) -> None:
 
 @cli.command()
 @click.argument("harvester_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="A JSON object: coverage {field: "
+              "fraction} (4 decimals, highest first), records (profiled), distinct {short "
+              "field: count, or \"1000+\"}, live, sampled, fields_dropped.")
+@click.option("--max-records", type=click.IntRange(min=0), default=20_000,
+              show_default=True, help="Past this many live records, profile a systematic sample of this many "
+              "(one in every k by identifier); 0: every record.")
+def profile(harvester_id: str, as_json: bool, max_records: int) -> None:
+    """Field coverage of a harvester's live records: the share of records in which each
+    metadata field (nested ones as dotted paths) is present and non-empty, and the
+    distinct values of short fields (every value at most 200 characters; counted up to
+    1000)."""
+    from oaipmh_dagster.profile import bar, coverage_rows, note, percent, profile_store
+    from oaipmh_dagster.store import Store
+
+    h = _harvester(harvester_id)
+    p = profile_store(Store(_registry().engine), h.id, max_records=max_records or None)
+    if as_json:
+        _echo_json(p.to_json())
+        return
+    if not p.records:
+        click.echo(f"no live records of {h.id}")
+        return
+    from tabulate import tabulate
+
+    rows = [[name, bar(share), percent(share), distinct.removesuffix(" distinct")
+             .removesuffix(" values")] for name, share, distinct in coverage_rows(p)]
+    click.echo(tabulate(rows, headers=["field", "coverage", "share", "distinct"],
+                        colalign=("left", "left", "right", "right")) if rows
+               else "no field is present in any record")
+    click.echo(note(p))
+
+
+@cli.command()
+@click.argument("harvester_id", metavar="ID")
 @click.option("--format", "fmt", type=click.Choice(["parquet", "csv", "jsonl"]), required=True)
 @click.option("--output", required=True, metavar="PATH",
               help="A file (replaced only when the export succeeds), a device or a named "

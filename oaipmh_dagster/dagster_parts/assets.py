@@ -333,8 +333,13 @@ def _complete_check(stats: harvest_mod.HarvestStats, raw_key: dg.AssetKey) -> dg
 
 
 def records_metadata(store: Store, h: Harvester, counts: dict) -> dict:
-    """Materialization metadata of records: row count, preview, schema, failures."""
+    """Materialization metadata of records: row count, preview, schema, failures, and
+    the field coverage of the live records (`oaipmh.profile`: a sample past
+    `MAX_RECORDS`, said in `coverage_note`)."""
+    from oaipmh_dagster.profile import coverage_markdown, note, profile_store
+
     totals = store.counts(h.id)
+    profile = profile_store(store, h.id)
     return {
         "dagster/row_count": totals["live"],
         "dagster/column_schema": RECORD_COLUMNS,
@@ -344,6 +349,9 @@ def records_metadata(store: Store, h: Harvester, counts: dict) -> dict:
         "failed_in_store": totals["failed"],
         "transformer": h.transformer,
         "preview": dg.MetadataValue.md(preview_markdown(store, h.id)),
+        "coverage": dg.MetadataValue.json(profile.coverage()),
+        "coverage_table": dg.MetadataValue.md(coverage_markdown(profile)),
+        "coverage_note": note(profile),
     }
 
 
