@@ -344,7 +344,8 @@ class Store:
         (identifier, first message) in identifier order."""
         c = record_table.c
         if self.engine.dialect.name == "postgresql":
-            has_schema = c.errors.contains([{"type": SCHEMA_ERROR}])
+            has_schema = sa.type_coerce(c.errors, postgresql.JSONB()).contains(
+                [{"type": SCHEMA_ERROR}])
         else:  # SQLite: the JSON1 functions
             element = sa.func.json_each(c.errors).table_valued("value").alias("e")
             has_schema = sa.exists(
