@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from lxml import etree
