@@ -119,7 +119,7 @@ def build_harvester_assets(h: Harvester) -> list[dg.AssetsDefinition]:
     schema_spec = schema_check_spec(h, raw_key)
     if schema_spec is not None:
         check_specs[CHECK_SCHEMA_VALID] = schema_spec
-    op = renamed_op(_harvest_op(), op_name(h.id), f"Harvest {h.name} ({h.base_url}).",
+    op = renamed_op(_harvest_op(schema_spec is not None), op_name(h.id), f"Harvest {h.name} ({h.base_url}).",
                     pool=host_pool(h))
     harvest_assets = dg.AssetsDefinition(
         keys_by_input_name={},
@@ -133,8 +133,10 @@ def build_harvester_assets(h: Harvester) -> list[dg.AssetsDefinition]:
 
 
 @functools.cache
-def _harvest_op() -> dg.OpDefinition:
-    """The op every harvester's assets share, renamed per harvester.
+def _harvest_op(schema_check: bool = False) -> dg.OpDefinition:
+    """The op every harvester's assets share, renamed per harvester (a second one, with
+    the `schema_valid` check's output, for harvesters that validate: every output of an
+    op must belong to an asset or a check).
 
     Its outputs have the same names for every harvester, so one op definition (config
     schema, outputs, resources) serves them all: building it per harvester with the
@@ -143,8 +145,9 @@ def _harvest_op() -> dg.OpDefinition:
     keys; the op's harvester is the one its asset keys name."""
     @dg.op(
         name="harvest",
-        out={name: dg.Out(dg.Nothing, is_required=False) for name in ("raw_records", "records", CHECK_NO_FAILED,
-                                                  CHECK_COMPLETE, CHECK_SCHEMA_VALID)},
+        out={name: dg.Out(dg.Nothing, is_required=False) for name in (
+            "raw_records", "records", CHECK_NO_FAILED, CHECK_COMPLETE,
+            *([CHECK_SCHEMA_VALID] if schema_check else []))},
         config_schema=HARVEST_CONFIG_SCHEMA,
         required_resource_keys={"oaipmh_db", LISTENER_KEY},
     )
