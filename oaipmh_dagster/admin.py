@@ -27,7 +27,7 @@ from oaipmh_dagster.registry import (
 )
 
 __all__ = ["HTTP_FIELDS", "AdminError", "Change", "InstanceSide", "Line", "add_harvester",
-           "remove_harvester", "update_harvester"]
+           "remove_harvester", "resolve_schema", "update_harvester"]
 
 # Optional row fields the command line calls its HTTP options (None: the row's default).
 HTTP_FIELDS = ("timeout", "delay", "max_parallel", "max_retries", "auth_env", "overlap",
@@ -111,6 +111,57 @@ def _absolute_transformer(name: str | None) -> str | None:
         raise AdminError(f"transformer refused: {exc.message}", usage=True) from exc
 
 
+# `validate` values that ask for the schema shipped for the harvester's prefix.
+BY_PREFIX = ("", "shipped")
+
+
+def resolve_schema(validate: str, prefix: str) -> str:
+    """The schema field for a `--validate` value: "" (or "shipped"): the schema shipped
+    for `prefix`; a shipped schema's name; else a schema file's path, made absolute.
+    The schema must exist and compile."""
+    from oaipmh_dagster.validation import SHIPPED, SchemaError, check_schema, schema_for_prefix
+
+    if validate.strip() in BY_PREFIX:
+        schema = schema_for_prefix(prefix)
+        if schema is None:
+            raise AdminError(
+                f"no schema is shipped for metadataPrefix {prefix!r} (shipped: "
+                f"{', '.join(SHIPPED)}): pass a schema file's path, --validate PATH",
+                usage=True)
+    elif validate in SHIPPED:
+        schema = validate
+    else:
+        from pathlib import Path
+
+        path = Path(validate).expanduser()
+        if not path.is_file():
+            raise AdminError(f"schema file {validate} does not exist", usage=True)
+        schema = str(path.resolve())
+    try:
+        check_schema(schema)
+    except SchemaError as exc:
+        raise AdminError(str(exc), usage=True) from exc
+    return schema
+
+
+def _schema_change(current: Harvester, changes: dict[str, Any], validate: str | None,
+                   no_validate: bool) -> None:
+    """Put the schema an update asks for into `changes`: `validate` resolved, None with
+    `no_validate`; a shipped schema follows a changed prefix (refused when none is
+    shipped for the new one)."""
+    from oaipmh_dagster.validation import SHIPPED
+
+    prefix = changes.get("metadata_prefix", current.metadata_prefix)
+    if validate is not None and no_validate:
+        raise AdminError("--validate and --no-validate exclude each other", usage=True)
+    if no_validate:
+        changes["schema"] = None
+    elif validate is not None:
+        changes["schema"] = resolve_schema(validate, prefix)
+    elif current.schema in SHIPPED and prefix != current.metadata_prefix:
+        changes["schema"] = resolve_schema("", prefix)
+
+
 def probe(url: str, prefix: str, timeout: float, sets: tuple[str, ...] = ()) -> str:
     """Identify + ListMetadataFormats (+ ListSets when `sets` are given); refuse a prefix
     the server does not offer or a set it does not list. Returns the repository name."""
@@ -165,10 +216,12 @@ def add_harvester(
     registries: Registries, harvester_id: str, *, url: str | None, prefix: str | None,
     sets: tuple[str, ...] = (), cron: str | None = None, timezone: str = "UTC",
     enabled: bool = True, name: str | None = None, transformer: str | None = None,
-    check: bool = True, reload: bool = True, location: str | None = None, **http: Any,
+    check: bool = True, reload: bool = True, location: str | None = None,
+    validate: str | None = None, **http: Any,
 ) -> Change:
     """Register a harvester (the endpoint probed unless not `check`); `http`: the
-    `HTTP_FIELDS` (None or a `reconcile_every` of 0: the default)."""
+    `HTTP_FIELDS` (None or a `reconcile_every` of 0: the default). `validate`: see
+    `resolve_schema` (None: no validation)."""
     if not url or not prefix:
         raise AdminError("adding a harvester needs a url and a prefix", usage=True)
     http = {k: v for k, v in http.items() if v is not None}
@@ -186,6 +239,8 @@ def add_harvester(
     except InvalidHarvester as exc:
         raise AdminError(str(exc), usage=True) from exc
     _check_transformer(h.transformer)
+    if validate is not None:
+        h = h.replace(schema=resolve_schema(validate, prefix))
     registry = _open(registries)
     try:
         registry.get(h.id)
@@ -214,10 +269,12 @@ def update_harvester(
     registries: Registries, harvester_id: str, *, url: str | None = None,
     prefix: str | None = None, sets: tuple[str, ...] = (), all_sets: bool = False,
     cron: str | None = None, no_cron: bool = False, check: bool = True, reload: bool = True,
-    location: str | None = None, **fields: Any,
+    location: str | None = None, validate: str | None = None, no_validate: bool = False,
+    **fields: Any,
 ) -> Change:
     """Change fields of a harvester: `fields` are timezone, enabled, name, transformer
     and the `HTTP_FIELDS` (None: unchanged; a `reconcile_every` of 0: back to never).
+    `validate` sets the schema (see `resolve_schema`), `no_validate` turns it off.
     A changed URL, prefix or set is probed unless not `check`; a changed selection
     forgets the harvest state (the next harvest is a full one)."""
     registry = _open(registries)
@@ -246,6 +303,7 @@ def update_harvester(
         if changes.get("cron"):
             raise AdminError("--cron and --no-cron exclude each other", usage=True)
         changes["cron"] = None
+    _schema_change(current, changes, validate, no_validate)
     if not changes:
         raise AdminError("nothing to update: give at least one option", usage=True)
     try:

@@ -200,6 +200,18 @@ def _http_options(f):  # noqa: ANN001, ANN202 - click decorator plumbing
     return f
 
 
+_VALIDATE_HELP = ("Validate each record against an XML Schema; invalid records are kept, "
+                  "with an error of type schema. Alone: the schema shipped for the prefix "
+                  "(oai_dc; datacite, oai_datacite, datacite4; marc21, marcxml); with a "
+                  "value: a shipped schema's name (oai_dc, datacite, marc21) or the path of "
+                  "a schema file (its imports and includes must be local files).")
+
+
+def _validate_option(f):  # noqa: ANN001, ANN202 - click decorator plumbing
+    return click.option("--validate", is_flag=False, flag_value="", default=None,
+                        metavar="[PATH]", help=_VALIDATE_HELP)(f)
+
+
 @harvester.command("add")
 @click.argument("harvester_id", metavar="ID")
 @click.option("--url", required=True, help="Base URL of the OAI-PMH endpoint.")
@@ -213,16 +225,18 @@ def _http_options(f):  # noqa: ANN001, ANN202 - click decorator plumbing
               "XSLT stylesheet, path made absolute) or package.module:function "
               "(default by prefix).")
 @click.option("--no-check", is_flag=True, help="Do not probe the endpoint.")
+@_validate_option
 @_http_options
 def harvester_add(harvester_id: str, url: str, prefix: str, sets: tuple[str, ...],
                   cron: str | None, timezone: str, enabled: bool, name: str | None,
-                  transformer: str | None, no_check: bool, **http: Any) -> None:
+                  transformer: str | None, no_check: bool, validate: str | None,
+                  **http: Any) -> None:
     """Register a harvester (probes the endpoint unless --no-check)."""
     from oaipmh_dagster.admin import add_harvester
 
     _admin(add_harvester, harvester_id, url=url, prefix=prefix, sets=sets, cron=cron,
            timezone=timezone, enabled=enabled, name=name, transformer=transformer,
-           check=not no_check, **http)
+           check=not no_check, validate=validate, **http)
 
 
 @harvester.command("update")
@@ -239,6 +253,9 @@ def harvester_add(harvester_id: str, url: str, prefix: str, sets: tuple[str, ...
 @click.option("--transformer", help="Built-in transformer, xslt:PATH[?name=value&...] or "
               "package.module:function.")
 @click.option("--no-check", is_flag=True, help="Do not probe the endpoint.")
+@_validate_option
+@click.option("--no-validate", is_flag=True, help="Stop validating records (their schema "
+              "errors go at the next full harvest).")
 @_http_options
 def harvester_update(harvester_id: str, sets: tuple[str, ...], all_sets: bool, no_cron: bool,
                      no_check: bool, url: str | None, prefix: str | None, **fields: Any) -> None:
@@ -313,15 +330,15 @@ def harvester_list(as_json: bool) -> None:
     table = []
     for r in rows:
         if not isinstance(r, Harvester):
-            table.append([r.id, f"INVALID: {r.error}"] + [""] * 7)
+            table.append([r.id, f"INVALID: {r.error}"] + [""] * 8)
             continue
         state, last = states[r.id], states[r.id]["last_run"]
         table.append([r.id, r.base_url, r.metadata_prefix, ",".join(r.sets) or "-",
                       r.cron or "-", state["schedule"],
                       f"{last['status']} {last['at']}" if last else "-",
-                      state["since"] or "full next", r.transformer])
+                      state["since"] or "full next", r.transformer, r.schema or "-"])
     click.echo(tabulate(table, headers=["id", "url", "prefix", "sets", "cron", "schedule",
-                                        "last run", "since", "transformer"]))
+                                        "last run", "since", "transformer", "validate"]))
 
 
 @harvester.command("show")

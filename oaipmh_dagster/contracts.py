@@ -60,6 +60,7 @@ def harvester_of(path: Sequence[str], name: str | None = None) -> str | None:
 
 CHECK_NO_FAILED = "no_failed_records"
 CHECK_COMPLETE = "complete_list_size_matches"
+CHECK_SCHEMA_VALID = "schema_valid"  # on raw_records, for harvesters that validate
 
 # -- run tags ----------------------------------------------------------------------------
 

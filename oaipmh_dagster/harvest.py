@@ -40,14 +40,21 @@ from oaipmh_dagster.plan import (
     validate,
 )
 from oaipmh_dagster.registry import Harvester
-from oaipmh_dagster.rows import Counts, PreparedPage, Transform, commit_page, prepare_page
+from oaipmh_dagster.rows import (
+    Counts,
+    PreparedPage,
+    Transform,
+    Validate,
+    commit_page,
+    prepare_page,
+)
 from oaipmh_dagster.store import Store
 from oaipmh_dagster.transform import get_transformer, transform_element, transform_record
 from oaipmh_dagster.windows import WindowState
 
 __all__ = ["CredentialsError", "HarvestError", "HarvestStats", "Listener", "Progress",
            "RunOptions",
-           "client_options", "describe_short", "harvest", "make_transform"]
+           "client_options", "describe_short", "harvest", "make_transform", "make_validate"]
 
 log = logging.getLogger(__name__)
 
@@ -270,6 +277,19 @@ def make_transform(name: str) -> Callable[[str, Any], dict[str, Any]]:
     return apply
 
 
+def make_validate(h: Harvester) -> Validate | None:
+    """The harvester's schema validation (None when it validates nothing); a schema
+    that cannot be loaded fails the harvest before any request."""
+    if h.schema is None:
+        return None
+    from oaipmh_dagster.validation import SchemaError, Validator
+
+    try:
+        return Validator(h.schema)
+    except SchemaError as exc:
+        raise HarvestError(f"harvester {h.id!r}: {exc}") from None
+
+
 def harvest(
     h: Harvester,
     store: Store,
@@ -299,6 +319,7 @@ def harvest(
     stats = HarvestStats(harvester_id=h.id, sets=run.set_specs(h),
                          scope=incremental.scope(h.base_url, h.metadata_prefix, h.sets))
     transform = make_transform(h.transformer)
+    validator = make_validate(h)
     own_client = client is None
     client = client or OAIClient(h.base_url, options or client_options(h), logger=logger)
     saved = store.acquire(h.id, run_id, is_stale=is_stale, logger=logger)
@@ -313,7 +334,7 @@ def harvest(
             getattr(logger, level)(note)
         _start(stats, plan, ident.response_date)
         _store_pages(_pages(client, h, plan, stats, logger), store, h, run_id, transform,
-                     stats, plan, on_page, logger, started)
+                     stats, plan, on_page, logger, started, validator)
         list_start = plan.list_start
         if stats.mode == "resumed" and plan.resumed_list_start is not None:
             list_start = min(list_start, plan.resumed_list_start)
@@ -323,7 +344,8 @@ def harvest(
         if run.reconcile:
             store.save_checkpoint(h.id, run_id, None)  # the lists are complete
             stats.reconcile = reconcile_mod.reconcile(client, h, store, run_id=run_id,
-                                                      transform=transform, logger=logger)
+                                                      transform=transform, logger=logger,
+                                                      validate=validator)
         ok = True
     finally:
         cs = client.stats
@@ -358,9 +380,9 @@ def _start(stats: HarvestStats, plan: Plan, response_date: datetime) -> None:
 def _store_pages(
     pages: Iterator[tuple[Page, Checkpoint | None]], store: Store, h: Harvester, run_id: str,
     transform: Transform, stats: HarvestStats, plan: Plan, on_page: OnPage | None,
-    logger: Any, started: float,
+    logger: Any, started: float, validate: Validate | None = None,
 ) -> None:
-    """The page loop: prepare each page (hashes, rows, transform) here while the
+    """The page loop: prepare each page (hashes, rows, transform, validation) here while the
     committer commits the previous one with its checkpoint; count, log and report each
     page once committed."""
     logged = 0.0
@@ -396,7 +418,7 @@ def _store_pages(
         for page, cp in pages:
             prepared = prepare_page(store, h.id, page.records, run_id=run_id,
                                     transform=transform, metadata_prefix=h.metadata_prefix,
-                                    transformer=h.transformer)
+                                    transformer=h.transformer, validate=validate)
             for done, ready, _ in committer.submit(
                     (page, prepared, None if cp is None else cp.to_json())):
                 committed(done, ready)

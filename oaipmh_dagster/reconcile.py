@@ -29,7 +29,7 @@ from typing import Any
 from oaipmh_dagster.oai import CannotDisseminateFormat, IdDoesNotExist, OAIClient
 from oaipmh_dagster.oai.models import Record
 from oaipmh_dagster.registry import Harvester
-from oaipmh_dagster.rows import Transform, write_page
+from oaipmh_dagster.rows import Transform, Validate, write_page
 from oaipmh_dagster.store import Store, utc_datestamp
 
 NOT_LISTED = "not listed by the server"
@@ -65,7 +65,7 @@ def in_selection(specs: Iterable[str], sets: Sequence[str]) -> bool:
 
 def reconcile(
     client: OAIClient, h: Harvester, store: Store, *, run_id: str,
-    transform: Transform | None, logger: Any,
+    transform: Transform | None, logger: Any, validate: Validate | None = None,
 ) -> ReconcileStats:
     """List the identifiers of `h`'s selection, compare them with the store, and bring
     the store to the server (see the module's description)."""
@@ -90,7 +90,7 @@ def reconcile(
     logger.info("reconcile: %d listed; %d missing and %d stale in the store, %d deleted "
                 "headers to store, %d stored records not listed", stats.listed, len(missing),
                 len(stale), len(headers), len(unlisted))
-    write = _writer(store, h, run_id, transform, stats)
+    write = _writer(store, h, run_id, transform, stats, validate)
     for i in range(0, len(headers), BATCH):
         chunk = headers[i:i + BATCH]
         write([r for r, _ in chunk])
@@ -120,11 +120,13 @@ def _listed(client: OAIClient, h: Harvester) -> dict[str, tuple[str | None, Any]
 
 
 def _writer(store: Store, h: Harvester, run_id: str, transform: Transform | None,
-            stats: ReconcileStats) -> Callable[[list[Record]], None]:
+            stats: ReconcileStats, validate: Validate | None = None,
+            ) -> Callable[[list[Record]], None]:
     def write(records: list[Record]) -> None:
         if records:
             counts = write_page(store, h.id, records, run_id=run_id, transform=transform,
-                                metadata_prefix=h.metadata_prefix, transformer=h.transformer)
+                                metadata_prefix=h.metadata_prefix, transformer=h.transformer,
+                                validate=validate)
             stats.failed += counts.failed
     return write
 

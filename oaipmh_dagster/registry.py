@@ -67,6 +67,7 @@ harvester_table = sa.Table(
     sa.Column("auth_env", sa.String(255), nullable=True),
     sa.Column("overlap", sa.Integer, nullable=True),
     sa.Column("reconcile_every", sa.Integer, nullable=True),
+    sa.Column("schema", sa.String(2048), nullable=True),
     sa.Column("created", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated", sa.DateTime(timezone=True), nullable=False),
 )
@@ -123,6 +124,9 @@ class Harvester:
     # Every Nth scheduled run also reconciles (lists every identifier and repairs the
     # store); None: only runs that ask for it.
     reconcile_every: int | None = None
+    # The XML Schema records are validated against: a shipped one (oai_dc, datacite,
+    # marc21) or the absolute path of a schema file; None: no validation.
+    schema: str | None = None
     created: datetime | None = field(default=None, compare=False)
     updated: datetime | None = field(default=None, compare=False)
 
@@ -245,6 +249,20 @@ def validate_timezone(value: str) -> str:
     return value
 
 
+def validate_schema(value: str | None) -> str | None:
+    """Check a schema field: None, a shipped schema's name or an absolute path (whether
+    the file exists and compiles is checked when it is set: see `admin`)."""
+    from oaipmh_dagster.validation import SHIPPED
+
+    if value is None or value in SHIPPED:
+        return value
+    if not isinstance(value, str) or not value.startswith("/") or len(value) > MAX_URL:
+        raise InvalidHarvester(
+            f"invalid schema {value!r}: one of {', '.join(SHIPPED)} or the absolute path of "
+            f"a schema file (at most {MAX_URL} characters)")
+    return value
+
+
 def validate(h: Harvester) -> None:
     """Validate every field of `h`; raise `InvalidHarvester` naming the first bad one."""
     validate_id(h.id)
@@ -296,6 +314,7 @@ def validate(h: Harvester) -> None:
             f"reconcile_every must be a whole number of scheduled runs in "
             f"[1, {MAX_RECONCILE_EVERY}], not {h.reconcile_every!r}"
         )
+    validate_schema(h.schema)
     if len(h.name) > MAX_SHORT:
         raise InvalidHarvester(f"name is longer than {MAX_SHORT} characters")
     if h.cron is not None and len(h.cron) > MAX_SHORT:

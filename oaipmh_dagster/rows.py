@@ -32,14 +32,25 @@ from oaipmh_dagster.store import (
 )
 from oaipmh_dagster.transform import transformer_identity
 
-__all__ = ["Counts", "HarvestRecord", "PreparedPage", "Transform", "commit_page", "prepare_page",
-           "retransform", "write_page"]
+__all__ = ["Counts", "HarvestRecord", "PreparedPage", "Transform", "Validate", "commit_page",
+           "prepare_page", "retransform", "write_page"]
 
 _SHOWN = 100  # characters of a bad value quoted in counts and errors
 _NO_ERRORS = "[]"
 
 # (raw XML, the already parsed element or None) -> transformed dict
 Transform = Callable[[str, Any], dict[str, Any]]
+
+
+class Validate(Protocol):
+    """Checks a record's metadata against a schema: (raw XML, the already parsed element
+    or None) -> errors of type `schema` ([] when valid). `token` names the schema and
+    its content (part of what produced a row, so a change rewrites the records)."""
+
+    @property
+    def token(self) -> str: ...
+
+    def __call__(self, raw: str | None, element: Any = None) -> list[dict[str, Any]]: ...
 
 
 class HarvestRecord(Protocol):
@@ -175,11 +186,13 @@ def prepare_page(
     metadata_prefix: str = "",
     transformer: str = "",
     existing: dict[str, str | None] | None = None,
+    validate: Validate | None = None,
 ) -> PreparedPage:
     """The rows of one page: records whose content hash is unchanged are left out, new
-    and changed ones are transformed. `existing` (identifier -> stored hash) is read
-    from the store when not given. `metadata_prefix` and `transformer` name what
-    produced the page's metadata (a change of either rewrites every record)."""
+    and changed ones are transformed (and validated, with `validate`). `existing`
+    (identifier -> stored hash) is read from the store when not given.
+    `metadata_prefix`, `transformer` and `validate`'s schema name what produced the
+    page's rows (a change of any rewrites every record)."""
     counts = Counts()
     latest: dict[str, HarvestRecord] = {}
     for rec in records:
@@ -193,11 +206,13 @@ def prepare_page(
     # An xslt: transformer's identity holds the stylesheet's digest: an edited crosswalk
     # rewrites records whose harvested content is unchanged.
     ident = transformer_identity(transformer) if transform and transformer else ""
-    produced = f"{metadata_prefix}\x1f{ident}".encode()
+    produced = f"{metadata_prefix}\x1f{ident}"
+    if validate is not None:
+        produced += f"\x1fschema={validate.token}"
     now = datetime.now(UTC)
     rows = [v for identifier, rec in latest.items()
-            if (v := _row(harvester_id, identifier, rec, existing, produced, transform,
-                          run_id, now, counts)) is not None]
+            if (v := _row(harvester_id, identifier, rec, existing, produced.encode(),
+                          transform, validate, run_id, now, counts)) is not None]
     return PreparedPage(rows, counts)
 
 
@@ -221,6 +236,7 @@ def write_page(
     checkpoint: dict[str, Any] | None = None,
     metadata_prefix: str = "",
     transformer: str = "",
+    validate: Validate | None = None,
 ) -> Counts:
     """Write one page in one transaction: `prepare_page` with the hashes read in that
     transaction, then the upsert and `checkpoint` in the same commit."""
@@ -229,7 +245,8 @@ def write_page(
                if len(r.header.identifier) <= IDENTIFIER_MAX]
         prepared = prepare_page(store, harvester_id, records, run_id=run_id,
                                 transform=transform, metadata_prefix=metadata_prefix,
-                                transformer=transformer, existing=page.hashes(ids))
+                                transformer=transformer, existing=page.hashes(ids),
+                                validate=validate)
         page.upsert(prepared.rows)
     return prepared.counts
 
@@ -242,8 +259,8 @@ def _sets(specs: tuple[str, ...]) -> tuple[str, bytes]:
 
 def _row(
     harvester_id: str, identifier: str, rec: HarvestRecord, existing: dict[str, str | None],
-    produced: bytes, transform: Transform | None, run_id: str | None, now: datetime,
-    counts: Counts,
+    produced: bytes, transform: Transform | None, validate: Validate | None,
+    run_id: str | None, now: datetime, counts: Counts,
 ) -> dict[str, Any] | None:
     """The row to upsert for one record (None when its content is unchanged)."""
     header = rec.header
@@ -269,10 +286,11 @@ def _row(
             counts.updated += 1
         raw = metadata.decode("utf-8") if metadata is not None else None
         parsed = _parse_error(rec)
+        element = getattr(rec, "element", None)
         if parsed:
             errors = errors + parsed
         else:
-            meta, failed = _apply_transform(transform, raw, getattr(rec, "element", None))
+            meta, failed = _apply_transform(transform, raw, element)
             if transform is not None and raw:
                 transformed_at = now
             if failed:
@@ -280,6 +298,10 @@ def _row(
                 digest = None  # a failed transform is tried again next time
         if errors:
             counts.fail(identifier)
+        if validate is not None and raw and not parsed:
+            # Kept and not counted as failed: an invalid record is still stored, and
+            # its hash stays (validating the same content again says the same).
+            errors = errors + validate(raw, element)
     return {
         "harvester_id": harvester_id,
         "oai_identifier": identifier,
@@ -301,10 +323,12 @@ def retransform(
     is_stale: IsStale | None = None, wait: bool = True,
     wait_limit: float | None | types.EllipsisType = ...,
     cancel: threading.Event | None = None, logger: Any = None,
+    validate: Validate | None = None,
 ) -> Counts:
-    """Transform every stored live record of a harvester again from its raw XML, under
-    the harvester's lease (taken as `Store.acquire` does, released at the end; the
-    harvest state's status and checkpoint stay as they were), one transaction per batch."""
+    """Transform every stored live record of a harvester again from its raw XML (and
+    validate it again, with `validate`), under the harvester's lease (taken as
+    `Store.acquire` does, released at the end; the harvest state's status and
+    checkpoint stay as they were), one transaction per batch."""
     counts = Counts()
     last = ""
     with store.holding(harvester_id, run_id, is_stale=is_stale, wait=wait,
@@ -322,6 +346,8 @@ def retransform(
                         counts.fail(identifier)
                     else:
                         counts.updated += 1
+                    if validate is not None and raw:
+                        errors = errors + validate(raw)
                     updates.append(MetadataUpdate(identifier, meta, errors, now))
                 page.set_metadata(updates)
             last = rows[-1][0]

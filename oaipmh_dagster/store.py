@@ -35,7 +35,8 @@ from oaipmh_dagster.lease import (
 __all__ = [
     "DATESTAMP_MAX", "DATESTAMP_PLACEHOLDER", "IDENTIFIER_MAX", "STALE_AFTER",
     "WRITE_COLUMNS", "HarvestInProgress", "LeaseLost", "LeaseWaitCancelled", "MetadataUpdate",
-    "PageWrite", "Store", "StoreError", "record_table", "state_table", "utc_datestamp",
+    "PageWrite", "SCHEMA_ERROR", "SchemaInvalid", "Store", "StoreError", "failures",
+    "record_table", "state_table", "utc_datestamp",
 ]
 
 JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
@@ -102,6 +103,15 @@ def _aware(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
+SCHEMA_ERROR = "schema"  # the error type of a schema violation (the record is kept)
+
+
+def failures(errors: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The errors that mean a record failed: all but schema violations."""
+    return [e for e in errors or () if not (isinstance(e, dict)
+                                             and e.get("type") == SCHEMA_ERROR)]
+
+
 @dataclass(frozen=True)
 class MetadataUpdate:
     """New metadata (or the errors of a failed transform) of one stored record."""
@@ -122,6 +132,15 @@ _PG_EXISTING = sa.text(
     "CROSS JOIN LATERAL (SELECT content_hash FROM oaipmh_record "
     "WHERE harvester_id = :h AND oai_identifier = v.id LIMIT 1) AS r"
 )
+
+
+@dataclass(frozen=True)
+class SchemaInvalid:
+    """Live records with a schema error: how many, and (identifier, first message) of
+    the first few."""
+
+    count: int
+    sample: list[tuple[str, str]]
 
 
 class PageWrite:
@@ -172,8 +191,8 @@ class PageWrite:
         return [(r[0], r[1]) for r in rows]
 
     def set_metadata(self, updates: Sequence[MetadataUpdate]) -> None:
-        """Replace the metadata of stored records; a failed one (errors) loses its content
-        hash, so the next harvest writes it again."""
+        """Replace the metadata of stored records; a failed one (errors other than schema
+        violations) loses its content hash, so the next harvest writes it again."""
         if not updates:
             return
         c = record_table.c
@@ -185,7 +204,7 @@ class PageWrite:
                     content_hash=sa.case((sa.bindparam("ok", type_=sa.Boolean),
                                           c.content_hash), else_=sa.null())),
             [{"h": self.harvester_id, "i": u.identifier, "m": u.metadata, "e": u.errors,
-              "t": u.transformed_at, "ok": not u.errors} for u in updates],
+              "t": u.transformed_at, "ok": not failures(u.errors)} for u in updates],
         )
 
 
@@ -303,7 +322,8 @@ class Store:
         }
 
     def failed_identifiers(self, harvester_id: str, limit: int | None = 10) -> list[str]:
-        """Identifiers of records that carry errors."""
+        """Identifiers of records that carry errors (schema violations alone do not
+        count: see `schema_invalid`)."""
         with self.engine.connect() as conn:
             rows = conn.execute(
                 sa.select(record_table.c.oai_identifier, record_table.c.errors)
@@ -313,11 +333,38 @@ class Store:
             )
             out = []
             for identifier, errors in rows:
-                if errors:
+                if failures(errors):
                     out.append(identifier)
                     if limit is not None and len(out) >= limit:
                         break
             return out
+
+    def schema_invalid(self, harvester_id: str, sample: int = 10) -> SchemaInvalid:
+        """How many live records carry a schema error, and the first `sample` of them
+        (identifier, first message) in identifier order."""
+        c = record_table.c
+        if self.engine.dialect.name == "postgresql":
+            has_schema = sa.type_coerce(c.errors, postgresql.JSONB()).contains(
+                [{"type": SCHEMA_ERROR}])
+        else:  # SQLite: the JSON1 functions
+            element = sa.func.json_each(c.errors).table_valued("value").alias("e")
+            has_schema = sa.exists(
+                sa.select(1).select_from(element)
+                .where(sa.func.json_extract(element.c.value, "$.type") == SCHEMA_ERROR))
+        where = (c.harvester_id == harvester_id, c.deleted.is_(False), has_schema)
+        with self.engine.connect() as conn:
+            total = int(conn.execute(
+                sa.select(sa.func.count()).select_from(record_table).where(*where)
+            ).scalar_one())
+            rows = conn.execute(sa.select(c.oai_identifier, c.errors).where(*where)
+                                .order_by(c.oai_identifier).limit(sample)).all()
+        first = []
+        for identifier, errors in rows:
+            error = next(e for e in errors if e.get("type") == SCHEMA_ERROR)
+            violations = error.get("violations") or []
+            first.append((identifier, violations[0]["message"] if violations
+                          else error.get("message", "")))
+        return SchemaInvalid(total, first)
 
     def iter_records(
         self, harvester_id: str, *, errors_only: bool = False, with_raw: bool = False,

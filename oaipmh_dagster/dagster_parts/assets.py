@@ -12,6 +12,7 @@ from oaipmh_dagster.contracts import (
     ADVANCES_SINCE_KEY,
     CHECK_COMPLETE,
     CHECK_NO_FAILED,
+    CHECK_SCHEMA_VALID,
     HARVESTER_TAG,
     NEXT_SINCE_KEY,
     RECONCILE_TAG,
@@ -35,6 +36,7 @@ from oaipmh_dagster.dagster_parts.config import HarvestConfig
 from oaipmh_dagster.dagster_parts.freshness import freshness_policy
 from oaipmh_dagster.dagster_parts.listener import LISTENER_KEY
 from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
+from oaipmh_dagster.dagster_parts.schema_check import schema_check_result, schema_check_spec
 from oaipmh_dagster.dagster_parts.since import ResolvedSince, resolve_since
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.rows import retransform
@@ -113,22 +115,28 @@ def build_harvester_assets(h: Harvester) -> list[dg.AssetsDefinition]:
                           "first page announced (windowed lists are not judged)."),
     ]
 
-    op = renamed_op(_harvest_op(), op_name(h.id), f"Harvest {h.name} ({h.base_url}).",
+    check_specs = {CHECK_NO_FAILED: checks[0], CHECK_COMPLETE: checks[1]}
+    schema_spec = schema_check_spec(h, raw_key)
+    if schema_spec is not None:
+        check_specs[CHECK_SCHEMA_VALID] = schema_spec
+    op = renamed_op(_harvest_op(schema_spec is not None), op_name(h.id), f"Harvest {h.name} ({h.base_url}).",
                     pool=host_pool(h))
     harvest_assets = dg.AssetsDefinition(
         keys_by_input_name={},
         keys_by_output_name={"raw_records": raw_key, "records": records_key},
         node_def=op,
         can_subset=True,
-        check_specs_by_output_name={CHECK_NO_FAILED: checks[0], CHECK_COMPLETE: checks[1]},
+        check_specs_by_output_name=check_specs,
         specs=specs,
     )
     return [dg.AssetsDefinition(specs=[source]), harvest_assets]
 
 
 @functools.cache
-def _harvest_op() -> dg.OpDefinition:
-    """The op every harvester's assets share, renamed per harvester.
+def _harvest_op(schema_check: bool = False) -> dg.OpDefinition:
+    """The op every harvester's assets share, renamed per harvester (a second one, with
+    the `schema_valid` check's output, for harvesters that validate: every output of an
+    op must belong to an asset or a check).
 
     Its outputs have the same names for every harvester, so one op definition (config
     schema, outputs, resources) serves them all: building it per harvester with the
@@ -137,8 +145,9 @@ def _harvest_op() -> dg.OpDefinition:
     keys; the op's harvester is the one its asset keys name."""
     @dg.op(
         name="harvest",
-        out={name: dg.Out(dg.Nothing, is_required=False) for name in ("raw_records", "records", CHECK_NO_FAILED,
-                                                  CHECK_COMPLETE)},
+        out={name: dg.Out(dg.Nothing, is_required=False) for name in (
+            "raw_records", "records", CHECK_NO_FAILED, CHECK_COMPLETE,
+            *([CHECK_SCHEMA_VALID] if schema_check else []))},
         config_schema=HARVEST_CONFIG_SCHEMA,
         required_resource_keys={"oaipmh_db", LISTENER_KEY},
     )
@@ -216,6 +225,8 @@ def run_harvest(
             context.log.warning(str(note))
         yield dg.MaterializeResult(asset_key=raw_key, metadata=meta)
         yield _complete_check(stats, raw_key)
+        if dg.AssetCheckKey(raw_key, CHECK_SCHEMA_VALID) in context.selected_asset_check_keys:
+            yield schema_check_result(store, h, raw_key)
         counts = {"new": stats.new, "updated": stats.updated, "failed": stats.failed,
                   "failed_ids": stats.failed_ids}
     else:
@@ -225,7 +236,8 @@ def run_harvest(
             context.log.info("re-transforming the stored raw XML of %s with %s",
                              h.id, h.transformer)
             result = retransform(store, h.id, harvest_mod.make_transform(h.transformer),
-                                 run_id=context.run_id, logger=context.log)
+                                 run_id=context.run_id, logger=context.log,
+                                 validate=harvest_mod.make_validate(h))
             counts = {"new": 0, "updated": result.updated, "failed": result.failed,
                       "failed_ids": result.failed_ids}
         yield dg.MaterializeResult(asset_key=records_key, metadata=records_metadata(store, h, counts))

@@ -35,9 +35,10 @@ REGISTRY_KEY = dg.AssetKey([ASSET_PREFIX, "registry"])
 TABLE_KEY = "registry"
 ACTIONS = ("add", "update", "remove")
 _ADD = {"url", "prefix", "sets", "cron", "timezone", "enabled", "name", "transformer",
-        "no_check", *HTTP_FIELDS}
+        "no_check", "validate_schema", *HTTP_FIELDS}
 # Which fields each action reads (besides action and id); others must stay at default.
-USED = {"add": _ADD, "update": _ADD | {"all_sets", "no_cron"}, "remove": {"delete_records"}}
+USED = {"add": _ADD, "update": _ADD | {"all_sets", "no_cron", "no_validate"},
+        "remove": {"delete_records"}}
 
 
 class ManageConfig(dg.Config):
@@ -83,6 +84,12 @@ class ManageConfig(dg.Config):
     comment: str | None = Field(default=None, description="Free text.")
     reconcile_every: int | None = Field(default=None, description="Every Nth scheduled run "
                                         "also reconciles the store (0: never, the default).")
+    validate_schema: str | None = Field(
+        default=None, description="Validate each record against an XML Schema (invalid "
+        "records are kept, with a schema error): 'shipped' for the schema shipped for the "
+        "prefix, oai_dc, datacite or marc21 for that shipped schema, else the path of a "
+        "schema file (the command line's --validate).")
+    no_validate: bool = Field(default=False, description="update: stop validating.")
     no_check: bool = Field(default=False, description="Do not probe the endpoint "
                            "(Identify, the prefix and the sets it offers).")
     delete_records: bool = Field(default=False, description="remove: also delete the "
@@ -194,6 +201,8 @@ def apply(config: ManageConfig, registry: Registry, instance: dg.DagsterInstance
                                 instance=DagsterInstanceSide(lambda: instance),
                                 location=location)
     given["sets"] = tuple(given.get("sets", ()))
+    if "validate_schema" in given:
+        given["validate"] = given.pop("validate_schema")
     if config.action == "add":
         return add_harvester(registry, config.id, url=given.pop("url", None),
                              prefix=given.pop("prefix", None), check=check,
