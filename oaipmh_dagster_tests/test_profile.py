@@ -231,3 +231,43 @@ def test_records_materialization_carries_coverage(sqlite_url: str,
     assert table.startswith("| field | coverage | distinct values |")
     assert "| title | `██████████` 100% |" in table
     assert meta["coverage_note"].value == f"All {expected.records} live records."
+
+
+def test_coverage_carried_over_when_a_run_changes_nothing(sqlite_url: str,
+                                                          instance: dg.DagsterInstance) -> None:
+    """A run that wrote no record carries the previous materialization's coverage (and
+    names the run that profiled); one that changed a record, or found another live count,
+    profiles again."""
+    from oaipmh_dagster.demo.dataset import make_dataset
+    from oaipmh_dagster_tests.oaiserver import FaultyOAIServer
+    from oaipmh_dagster_tests.test_job import _mat, _run
+
+    ds = make_dataset(60, seed=3)
+    with FaultyOAIServer(ds, page_size=50) as srv:
+        h = add_harvester("c", srv.base_url)
+        first = _run(h, instance)
+        again = _run(h, instance, {"full": True})  # every record unchanged
+        live = next(r.identifier for r in ds if not r.deleted)
+        ds.delete(live)
+        changed = _run(h, instance)
+    assert first.success and again.success and changed.success
+    meta = [_mat(r, "records").metadata for r in (first, again, changed)]
+    assert meta[0]["coverage_run"].value == first.run_id
+    assert meta[1]["coverage_run"].value == first.run_id
+    assert meta[1]["coverage"].value == meta[0]["coverage"].value
+    assert meta[1]["coverage_table"].value == meta[0]["coverage_table"].value
+    assert meta[2]["coverage_run"].value == changed.run_id
+    assert meta[2]["dagster/row_count"].value == meta[0]["dagster/row_count"].value - 1
+
+
+def test_carried_coverage_needs_the_same_live_count() -> None:
+    from oaipmh_dagster.dagster_parts.assets import _carried_coverage
+
+    previous = {"dagster/row_count": dg.MetadataValue.int(5), "coverage": 1,
+                "coverage_table": 2, "coverage_note": 3, "coverage_run": "r"}
+    assert _carried_coverage(previous, 5) == {"coverage": 1, "coverage_table": 2,
+                                              "coverage_note": 3, "coverage_run": "r"}
+    assert _carried_coverage(previous, 4) is None
+    del previous["coverage_run"]  # written before coverage_run existed
+    assert _carried_coverage(previous, 5) is None
+    assert _carried_coverage(None, 5) is None
