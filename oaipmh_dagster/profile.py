@@ -35,13 +35,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import sqlalchemy as sa
-
-from oaipmh_dagster.store import Store, record_table
+from oaipmh_dagster.store import Store
 
 __all__ = ["DISTINCT_CAP", "MAX_FIELDS", "MAX_RECORDS", "SHORT_MAX", "FieldProfile",
            "Profile", "bar", "coverage_markdown", "profile_records", "profile_store"]
@@ -54,7 +52,6 @@ MAX_FIELDS = 500
 """Fields followed per profile; further ones are only counted (`fields_dropped`)."""
 MAX_RECORDS = 20_000
 """Live records profiled by default; beyond it, a systematic sample of this many."""
-_ID_BATCH = 10_000
 
 
 @dataclass
@@ -232,55 +229,21 @@ def profile_store(store: Store, harvester_id: str, *,
     if max_records is not None and live > max_records:
         step = math.ceil(live / max_records)
         return profile_records(_sample(store, harvester_id, step, batch), live)
-    return profile_records(_live_metadata(store, harvester_id, batch), live)
-
-
-def _live_metadata(store: Store, harvester_id: str, batch: int,
-                   where: Sequence[Any] = ()) -> Iterator[Any]:
-    """The metadata of live records (that also meet `where`), `batch` rows at a time by
-    identifier. The keyset read of `Store.iter_records` without its other columns: the
-    record objects it builds cost three times the profile's own work."""
-    c = record_table.c
-    last = ""
-    while True:
-        with store.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(c.oai_identifier, c.metadata)
-                .where(c.harvester_id == harvester_id, c.deleted.is_(False),
-                       c.oai_identifier > last, *where)
-                .order_by(c.oai_identifier).limit(batch)).all()
-        for row in rows:
-            yield row[1]
-        if len(rows) < batch:
-            return
-        last = rows[-1][0]
+    return profile_records(store.iter_live_metadata(harvester_id, batch), live)
 
 
 def _sample(store: Store, harvester_id: str, step: int, batch: int) -> Iterator[Any]:
     """The metadata of every `step`-th live record by identifier: the identifiers are
     read alone (a scan of the primary key), the chosen records `batch` at a time."""
-    c = record_table.c
-    last, index, chosen = "", 0, []
-    while True:
-        with store.engine.connect() as conn:
-            ids = conn.execute(
-                sa.select(c.oai_identifier)
-                .where(c.harvester_id == harvester_id, c.deleted.is_(False),
-                       c.oai_identifier > last)
-                .order_by(c.oai_identifier).limit(_ID_BATCH)).scalars().all()
-        for identifier in ids:
-            if index % step == 0:
-                chosen.append(identifier)
-            index += 1
+    chosen: list[str] = []
+    for index, identifier in enumerate(store.iter_live_identifiers(harvester_id)):
+        if index % step == 0:
+            chosen.append(identifier)
             if len(chosen) >= batch:
-                yield from _live_metadata(store, harvester_id, batch,
-                                          [c.oai_identifier.in_(chosen)])
+                yield from store.iter_live_metadata(harvester_id, batch, identifiers=chosen)
                 chosen = []
-        if len(ids) < _ID_BATCH:
-            break
-        last = ids[-1]
     if chosen:
-        yield from _live_metadata(store, harvester_id, batch, [c.oai_identifier.in_(chosen)])
+        yield from store.iter_live_metadata(harvester_id, batch, identifiers=chosen)
 
 
 # -- Markdown ------------------------------------------------------------------------------

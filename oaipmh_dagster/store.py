@@ -304,6 +304,44 @@ class Store:
         with self.engine.connect() as conn:
             return int(conn.execute(q).scalar_one())
 
+    def iter_live_metadata(self, harvester_id: str, batch: int = 1000, *,
+                           identifiers: Sequence[str] | None = None) -> Iterator[Any]:
+        """The transformed metadata of live records (of `identifiers` only, when given),
+        `batch` rows at a time by identifier: the keyset read of `iter_records` without
+        its other columns (the record objects it builds cost a field profile three times
+        its own work)."""
+        c = record_table.c
+        where = [] if identifiers is None else [c.oai_identifier.in_(list(identifiers))]
+        last = ""
+        while True:
+            with self.engine.connect() as conn:
+                rows = conn.execute(
+                    sa.select(c.oai_identifier, c.metadata)
+                    .where(c.harvester_id == harvester_id, c.deleted.is_(False),
+                           c.oai_identifier > last, *where)
+                    .order_by(c.oai_identifier).limit(batch)).all()
+            for row in rows:
+                yield row[1]
+            if len(rows) < batch:
+                return
+            last = rows[-1][0]
+
+    def iter_live_identifiers(self, harvester_id: str, batch: int = 10_000) -> Iterator[str]:
+        """The identifiers of live records in order (a scan of the primary key)."""
+        c = record_table.c
+        last = ""
+        while True:
+            with self.engine.connect() as conn:
+                ids = conn.execute(
+                    sa.select(c.oai_identifier)
+                    .where(c.harvester_id == harvester_id, c.deleted.is_(False),
+                           c.oai_identifier > last)
+                    .order_by(c.oai_identifier).limit(batch)).scalars().all()
+            yield from ids
+            if len(ids) < batch:
+                return
+            last = ids[-1]
+
     def counts(self, harvester_id: str) -> dict[str, int]:
         """Live, deleted and failed record counts of a harvester."""
         c = record_table.c
