@@ -213,8 +213,8 @@ def run_demo(
         return 1
     proc = None
     try:
-        click.echo(f"demo OAI-PMH endpoint: {server.base_url} ({n_records} records, and "
-                   f"{invalid} in oai_dc only that its schema rejects)")
+        click.echo(f"demo OAI-PMH endpoint: {server.base_url} ({n_records} records, plus "
+                   f"{invalid} whose oai_dc the oai_dc schema rejects)")
         registry = Registry(db.get_engine())
         for h in register_demo_harvesters(server.base_url, registry):
             click.echo(f"harvester {h.id}: {h.metadata_prefix} {list(h.sets) or 'all sets'}")

@@ -184,6 +184,16 @@ def row_value(pg: Any, label: str) -> Any:
     return row.locator("td").nth(1)
 
 
+def markdown_of(pg: Any, cell: Any) -> Any:
+    """Where a Markdown metadata value shows: the cell itself (the Events tab renders one
+    shorter than 1,000 characters in place), else the dialog its *Show Markdown* opens."""
+    expect(cell).to_be_visible(timeout=60_000)
+    if cell.get_by_text("Show Markdown").count():
+        cell.get_by_text("Show Markdown").click()
+        return pg.get_by_role("dialog")
+    return cell
+
+
 def show_whole_job_graph(pg: Any) -> None:
     """Cosmetic, for the screenshot: widen the job page's graph panel (drag the divider)
     and pan so both assets show. Best effort: a changed layout only makes it a no-op."""
@@ -370,7 +380,7 @@ def test_coverage_and_schema_check(dagster_ui: DagsterUI, page: Any, shot: Any) 
     expect(shown_json).to_contain_text('"title"')
     text = shown_json.inner_text()
     assert json.loads(text[text.index("{"):text.rindex("}") + 1]) == coverage
-    table = row_value(page, "coverage_table").first
+    table = markdown_of(page, row_value(page, "coverage_table").first)
     expect(table.get_by_role("table")).to_be_visible()
     title = table.locator("tr").filter(has=page.locator("td").first.filter(
         has_text=re.compile(r"^\s*title\s*$")))
@@ -391,6 +401,8 @@ def test_coverage_and_schema_check(dagster_ui: DagsterUI, page: Any, shot: Any) 
     expect(table).to_contain_text(f"All {live} live records.")
     table.scroll_into_view_if_needed()
     shot(page, "07b-records-coverage")
+    if page.get_by_role("dialog").count():
+        page.get_by_role("dialog").get_by_role("button", name="Close").click()
 
     check = latest_check(dagster_ui, "raw_records", "schema_valid")
     assert check["runId"] == run_id  # it ran with the launched harvest
