@@ -18,6 +18,7 @@ import click
 
 from oaipmh_dagster import db
 from oaipmh_dagster.demo.dataset import make_dataset
+from oaipmh_dagster.demo.invalid import add_invalid_records
 from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.registry import Harvester, HarvesterNotFound, Registry
 
@@ -31,6 +32,7 @@ def demo_harvesters(base_url: str) -> tuple[Harvester, ...]:
             metadata_prefix="oai_dc",
             cron="0 * * * *",
             name="Demo repository (Dublin Core)",
+            schema="oai_dc",
         ),
         Harvester(
             id="demo_datacite",
@@ -83,13 +85,17 @@ def ensure_instance_yaml(home: Path) -> None:
 
 
 def register_demo_harvesters(base_url: str, registry: Registry) -> list[Harvester]:
-    """Add (or point at `base_url`) the demo harvesters; idempotent."""
+    """Add (or point at `base_url`, with the demo's schema) the demo harvesters;
+    idempotent."""
     out = []
     for harvester in demo_harvesters(base_url):
         try:
             current = registry.get(harvester.id)
-            if current.base_url != base_url:
-                current = registry.update(harvester.id, base_url=base_url)
+            changes = {name: value for name, value in
+                       (("base_url", base_url), ("schema", harvester.schema))
+                       if getattr(current, name) != value}
+            if changes:
+                current = registry.update(harvester.id, **changes)
             out.append(current)
         except HarvesterNotFound:
             out.append(registry.add(harvester))
@@ -192,7 +198,9 @@ def run_demo(
     if ui and port_in_use(ui_port):
         click.echo(_busy("the Dagster UI's", ui_port, "--port", "PORT"), err=True)
         return 1
-    server = OAIServer(make_dataset(n_records, seed=1), port=oai_port)
+    dataset = make_dataset(n_records, seed=1)
+    invalid = add_invalid_records(dataset)  # for the demo harvester's schema_valid check
+    server = OAIServer(dataset, port=oai_port)
     try:
         server.start()
     except OSError as exc:
@@ -205,7 +213,8 @@ def run_demo(
         return 1
     proc = None
     try:
-        click.echo(f"demo OAI-PMH endpoint: {server.base_url} ({n_records} records)")
+        click.echo(f"demo OAI-PMH endpoint: {server.base_url} ({n_records} records, plus "
+                   f"{invalid} whose oai_dc the oai_dc schema rejects)")
         registry = Registry(db.get_engine())
         for h in register_demo_harvesters(server.base_url, registry):
             click.echo(f"harvester {h.id}: {h.metadata_prefix} {list(h.sets) or 'all sets'}")

@@ -1,8 +1,9 @@
 """The Dagster UI as an operator uses it for the demo harvester, in headless Chromium.
 
 The steps of the first-run tour, in order (they share one `oaipmh-dagster demo`):
-launch the job from the Launchpad, read the asset graph and the materialization, toggle
-the schedule, read the since sensor's cursor, see raw_records' freshness and the assets'
+launch the job from the Launchpad, read the asset graph and the materialization, the
+records' field coverage and the schema_valid check (the demo serves three records whose
+oai_dc its schema rejects), toggle the schedule, read the since sensor's cursor, see raw_records' freshness and the assets'
 tags, add a harvester from the Launchpad of `manage_harvesters` and run its new job. Each
 step saves screenshots (conftest).
 
@@ -25,6 +26,7 @@ try:
 except ImportError:  # the fixtures skip (or fail in CI) with the reason
     expect = None
 
+from oaipmh_dagster.demo.invalid import INVALID_OAI_DC
 from oaipmh_dagster_tests.browser.conftest import LOCATION, DagsterUI
 
 pytestmark = pytest.mark.browser
@@ -49,7 +51,15 @@ MATERIALIZATION_QUERY = """
 query Mat($path: [String!]!) { assetOrError(assetKey: {path: $path}) { __typename
   ... on Asset { assetMaterializations(limit: 1) { runId timestamp metadataEntries { label
     ... on TextMetadataEntry { text } ... on IntMetadataEntry { intValue }
-    ... on BoolMetadataEntry { boolValue } ... on MarkdownMetadataEntry { mdStr } } } } } }
+    ... on BoolMetadataEntry { boolValue } ... on MarkdownMetadataEntry { mdStr }
+    ... on JsonMetadataEntry { jsonString } } } } } }
+"""
+CHECK_QUERY = """
+query Check($key: AssetKeyInput!, $name: String!) {
+  assetCheckExecutions(assetKey: $key, checkName: $name, limit: 1) { runId status
+    evaluation { severity success metadataEntries { label
+      ... on IntMetadataEntry { intValue } ... on TextMetadataEntry { text }
+      ... on MarkdownMetadataEntry { mdStr } } } } }
 """
 GROUP_QUERY = """
 query Group($group: String!, $location: String!, $repo: String!) {
@@ -110,12 +120,29 @@ def latest_materialization(ui: DagsterUI, name: str) -> tuple[str, dict[str, Any
     assert asset["__typename"] == "Asset", asset
     mats = asset["assetMaterializations"]
     assert mats, f"{'/'.join(path)} was never materialized"
-    values = {}
-    for entry in mats[0]["metadataEntries"]:
-        for key in ("text", "intValue", "boolValue", "mdStr"):
+    return mats[0]["runId"], entry_values(mats[0]["metadataEntries"])
+
+
+def entry_values(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """{label: value} of GraphQL metadata entries (JSON ones decoded)."""
+    values: dict[str, Any] = {}
+    for entry in entries:
+        for key in ("text", "intValue", "boolValue", "mdStr", "jsonString"):
             if key in entry:
-                values[entry["label"]] = entry[key]
-    return mats[0]["runId"], values
+                value = entry[key]
+                values[entry["label"]] = json.loads(value) if key == "jsonString" else value
+    return values
+
+
+def latest_check(ui: DagsterUI, asset: str, check: str) -> dict[str, Any]:
+    """The newest execution of an asset check: runId, status, evaluation (its metadata
+    as {label: value} under `metadata`)."""
+    key = {"path": ["oaipmh", HARVESTER, asset]}
+    executions = ui.graphql(CHECK_QUERY, {"key": key, "name": check})["assetCheckExecutions"]
+    assert executions, f"{check} on {asset} never ran"
+    execution = executions[0]
+    execution["metadata"] = entry_values(execution["evaluation"]["metadataEntries"])
+    return execution
 
 
 def materialization_events_url(ui: DagsterUI, name: str) -> str:
@@ -155,6 +182,16 @@ def row_value(pg: Any, label: str) -> Any:
         has=pg.locator("td").first.filter(has_text=re.compile(rf"^\s*{re.escape(label)}\s*$"))
     )
     return row.locator("td").nth(1)
+
+
+def markdown_of(pg: Any, cell: Any) -> Any:
+    """Where a Markdown metadata value shows: the cell itself (the Events tab renders one
+    shorter than 1,000 characters in place), else the dialog its *Show Markdown* opens."""
+    expect(cell).to_be_visible(timeout=60_000)
+    if cell.get_by_text("Show Markdown").count():
+        cell.get_by_text("Show Markdown").click()
+        return pg.get_by_role("dialog")
+    return cell
 
 
 def show_whole_job_graph(pg: Any) -> None:
@@ -322,6 +359,89 @@ def test_asset_graph_and_materialization(dagster_ui: DagsterUI, page: Any, shot:
     expect(page.get_by_text("complete_list_size_matches").first).to_be_visible(timeout=60_000)
     expect(page.get_by_text("Passed").first).to_be_visible()
     shot(page, "09-asset-checks")
+
+
+def test_coverage_and_schema_check(dagster_ui: DagsterUI, page: Any, shot: Any) -> None:
+    """Step 2b: the records' field coverage (the record whose dc:titel the demo serves has
+    no title), and the schema_valid check on raw_records: a warning naming the three
+    records whose oai_dc the schema rejects."""
+    run_id = latest_success_run(dagster_ui)
+    records_run, records = latest_materialization(dagster_ui, "records")
+    assert records_run == run_id
+    live = records["dagster/row_count"]
+    coverage = records["coverage"]
+    # One live record (the misspelt dc:titel) lacks a title; every other one has one.
+    assert coverage["title"] == round((live - 1) / live, 4) < 1, coverage
+    assert records["coverage_note"] == f"All {live} live records."
+
+    page.goto(materialization_events_url(dagster_ui, "records"))
+    expect(page.get_by_role("link", name=run_id[:8]).first).to_be_visible(timeout=60_000)
+    shown_json = row_value(page, "coverage").first
+    expect(shown_json).to_contain_text('"title"')
+    text = shown_json.inner_text()
+    assert json.loads(text[text.index("{"):text.rindex("}") + 1]) == coverage
+    table = markdown_of(page, row_value(page, "coverage_table").first)
+    expect(table.get_by_role("table")).to_be_visible()
+    title = table.locator("tr").filter(has=page.locator("td").first.filter(
+        has_text=re.compile(r"^\s*title\s*$")))
+    expect(title).to_have_count(1)
+    cells = title.locator("td")
+    shown = re.fullmatch(r"\s*([█·▏]{10})\s+(\d+(?:\.\d)?)%\s*", cells.nth(1).inner_text())
+    assert shown, f"title's coverage cell: {cells.nth(1).inner_text()!r}"
+    # The percentage shown is GraphQL's fraction (to one decimal), the bar has that many
+    # tenths full, and the row is the Markdown's.
+    assert abs(float(shown.group(2)) - coverage["title"] * 100) <= 0.05 + 1e-9, shown.group(0)
+    assert shown.group(1).count("█") == int(coverage["title"] * 10 + 0.5)
+    md = re.search(r"^\| title \| `([^`]+)` ([^|]+?) \| ([^|]+?) \|$",
+                   records["coverage_table"], flags=re.M)
+    assert md, records["coverage_table"]
+    assert (shown.group(1), f"{shown.group(2)}%") == (md.group(1), md.group(2))
+    expect(cells.nth(1).locator("code")).to_have_text(md.group(1))
+    expect(cells.nth(2)).to_have_text(md.group(3))
+    expect(table).to_contain_text(f"All {live} live records.")
+    table.scroll_into_view_if_needed()
+    shot(page, "07b-records-coverage")
+    if page.get_by_role("dialog").count():
+        page.get_by_role("dialog").get_by_role("button", name="Close").click()
+
+    check = latest_check(dagster_ui, "raw_records", "schema_valid")
+    assert check["runId"] == run_id  # it ran with the launched harvest
+    assert check["status"] == "FAILED"
+    assert (check["evaluation"]["severity"], check["evaluation"]["success"]) == ("WARN", False)
+    found = check["metadata"]
+    assert (found["invalid"], found["live"], found["schema"]) == (
+        len(INVALID_OAI_DC), live, "oai_dc")
+    sample = re.findall(r"^- (\S+): ", found["invalid_sample"], flags=re.M)
+    assert sample == sorted(INVALID_OAI_DC)
+
+    page.goto(f"/assets/oaipmh/{HARVESTER}/raw_records?view=checks")
+    listed = page.locator("[class*=checkRow]").filter(has_text="schema_valid")
+    expect(listed).to_be_visible(timeout=60_000)
+    # A warning: the yellow warning icon, not the red one of a failed error check.
+    expect(listed.get_by_role("img", name="warning_outline")).to_be_visible()
+    expect(listed).to_contain_text("Failed")
+    listed.click()
+    expect(page).to_have_url(re.compile(r"checkDetail=schema_valid"))
+    expect(page.get_by_text("Every live record is valid against the schema oai_dc")
+           ).to_be_visible()
+    result = page.locator(".BaseTag").filter(has_text="Failed").first
+    expect(result.get_by_role("img", name="warning_outline")).to_be_visible()
+    expect(row_value(page, "invalid").first).to_have_text(str(len(INVALID_OAI_DC)))
+    expect(row_value(page, "live").first).to_have_text(str(live))
+    expect(row_value(page, "schema").first).to_have_text("oai_dc")
+    shot(page, "09b-schema-valid-check")
+
+    row_value(page, "invalid_sample").first.get_by_text("Show Markdown").click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog.get_by_role("listitem")).to_have_count(len(INVALID_OAI_DC))
+    for identifier, item in zip(sorted(INVALID_OAI_DC), dialog.get_by_role("listitem").all(),
+                                strict=True):
+        expect(item).to_contain_text(f"{identifier}: Element")
+    expect(dialog).to_contain_text(re.compile(r"titel'?: This element is not expected"))
+    expect(dialog).to_contain_text("Character content other than whitespace")
+    shot(page, "09c-schema-valid-sample")
+    dialog.get_by_role("button", name="Close").click()
+    expect(dialog).to_have_count(0)
 
 
 @pytest.mark.parametrize(("harvester", "first", "second"), [
