@@ -524,6 +524,13 @@ def case_aggregator(b: Bench) -> None:
     run(b)
 
 
+def case_profiles(b: Bench) -> None:
+    """Case 9 (benchmarks/profiles.py, which imports this module)."""
+    from benchmarks.profiles import case_profiles as run
+
+    run(b)
+
+
 CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
     "1": ("fetch + parse throughput vs Sickle and oaipmh-scythe", case_fetch),
     "2": ("end-to-end harvest throughput (SQLite, PostgreSQL, job)", case_e2e),
@@ -533,6 +540,8 @@ CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
     "6": ("sharded code locations", case_shards),
     "7": ("end to end through the CLI vs Sickle (SQLite, PostgreSQL)", case_cli),
     "8": ("cost of schema validation and of an XSLT crosswalk per record", case_aggregator),
+    "9": ("profiles of harvest(), the job and the CLI (kept in results/profiles/)",
+          case_profiles),
 }
 
 
