@@ -271,3 +271,26 @@ def test_carried_coverage_needs_the_same_live_count() -> None:
     del previous["coverage_run"]  # written before coverage_run existed
     assert _carried_coverage(previous, 5) is None
     assert _carried_coverage(None, 5) is None
+
+
+def test_records_asset_profiles_a_sample_past_its_cap(sqlite_url: str, instance: dg.DagsterInstance,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The records asset samples past ASSET_MAX_RECORDS (the CLI's cap stays MAX_RECORDS)."""
+    from oaipmh_dagster import profile
+    from oaipmh_dagster.demo.dataset import make_dataset
+    from oaipmh_dagster_tests.oaiserver import FaultyOAIServer
+    from oaipmh_dagster_tests.test_job import _mat, _run
+
+    monkeypatch.setattr(profile, "ASSET_MAX_RECORDS", 40)
+    ds = make_dataset(120, seed=5)
+    with FaultyOAIServer(ds, page_size=50) as srv:
+        h = add_harvester("s", srv.base_url)
+        result = _run(h, instance)
+    assert result.success
+    meta = _mat(result, "records").metadata
+    live = sum(1 for r in ds if not r.deleted)
+    sampled = profile_store(Store(), "s", max_records=40)
+    assert sampled.sampled and sampled.records < live
+    assert meta["coverage"].value == sampled.coverage()
+    assert meta["coverage_note"].value.startswith(f"A sample: {sampled.records} of {live}")
+    assert profile_store(Store(), "s").records == live  # the default cap holds them all

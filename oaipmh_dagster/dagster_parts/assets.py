@@ -352,17 +352,22 @@ def records_metadata(store: Store, h: Harvester, counts: dict, *, run_id: str,
                      previous: Mapping[str, Any] | None = None) -> dict:
     """Materialization metadata of records: row count, preview, schema, failures, and
     the field coverage of the live records (`oaipmh.profile`: a sample past
-    `MAX_RECORDS`, said in `coverage_note`). `previous` is the metadata of the asset's
+    `ASSET_MAX_RECORDS`, said in `coverage_note`). `previous` is the metadata of the asset's
     latest materialization, given when this run changed no record: its coverage is
     carried over (a profile reads up to 20,000 records: about 1-2 s that an incremental
     run finding nothing new would pay every time) when its live count still holds;
     `coverage_run` names the run whose records were profiled."""
-    from oaipmh_dagster.profile import coverage_markdown, note, profile_store
+    from oaipmh_dagster.profile import (
+        ASSET_MAX_RECORDS,
+        coverage_markdown,
+        note,
+        profile_store,
+    )
 
     totals = store.counts(h.id)
     coverage = _carried_coverage(previous, totals["live"])
     if coverage is None:
-        profile = profile_store(store, h.id)
+        profile = profile_store(store, h.id, max_records=ASSET_MAX_RECORDS)
         coverage = {
             "coverage": dg.MetadataValue.json(profile.coverage()),
             "coverage_table": dg.MetadataValue.md(coverage_markdown(profile)),
