@@ -410,7 +410,7 @@ def since_set(harvester_id: str, date: str) -> None:
     h = _harvester(harvester_id)
     try:
         when = parse_user_datetime(date)
-    except (ValueError, OverflowError) as exc:
+    except ValueError as exc:
         raise UsageProblem(f"since: {exc}") from exc
     if when > datetime.now(UTC):
         raise UsageProblem(f"since {date!r} is in the future: nothing would be harvested")
@@ -517,9 +517,6 @@ def _user_datetime(label: str, value: str | None) -> datetime | None:
         return None
     try:
         return parse_user_datetime(value)
-    except OverflowError as exc:
-        raise UsageProblem(f"--{label}: {value!r} is out of range once converted to UTC") \
-            from exc
     except ValueError as exc:
         raise UsageProblem(f"--{label}: {exc}") from exc
 

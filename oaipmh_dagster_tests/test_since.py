@@ -518,3 +518,18 @@ def test_since_report_reads_the_since_state_once(sqlite_url: str, server: OAISer
     assert len(calls) == 1
     assert (report["since"], report["source"]) == ("2026-03-01T12:00:00Z", "run")
     assert report["recorded_by"] is not None
+
+
+def test_launchpad_since_out_of_range_fails_with_a_clear_error(
+        database_url: str, server: OAIServer, instance: dg.DagsterInstance) -> None:
+    """A since whose offset carries it before year 1 in UTC fails the run with a message
+    that names the value (it was an OverflowError from inside the date arithmetic), and
+    writes nothing."""
+    h = add_harvester("j", server.base_url)
+    result = run_job(h, instance, {"since": "0001-01-01T00:00:00+14:00"})
+    assert not result.success
+    failures = [e for e in result.all_events if e.is_failure]
+    text = " ".join(str(e.event_specific_data) for e in failures)
+    assert "out of range once converted to UTC" in text
+    assert "OverflowError" not in text
+    assert Store().count("j", live_only=False) == 0

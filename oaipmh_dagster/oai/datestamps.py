@@ -116,6 +116,14 @@ def parse_user_datetime(value: str | date | datetime) -> datetime:
 
     A date means midnight UTC; a naive datetime is taken as UTC.
     """
+    try:
+        return _user_datetime(value)
+    except OverflowError:  # a time near year 1 or 9999 with an offset that crosses it
+        raise ValueError(f"{value!r} is out of range once converted to UTC "
+                         "(years 1 to 9999)") from None
+
+
+def _user_datetime(value: str | date | datetime) -> datetime:
     if isinstance(value, datetime):
         return to_utc(value)
     if isinstance(value, date):

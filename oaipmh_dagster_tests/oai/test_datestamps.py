@@ -125,3 +125,12 @@ def test_parse_datestamp_never_crashes(text):
     except OAIDataError:
         return
     assert value.tzinfo is UTC
+
+
+@pytest.mark.parametrize("value", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00",
+                                   datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14)))])
+def test_parse_user_datetime_out_of_range_in_utc(value):
+    """An offset that carries a time past year 1 or 9999 is a ValueError that says so
+    (it was an OverflowError, which the Launchpad's run config let through as a crash)."""
+    with pytest.raises(ValueError, match="out of range once converted to UTC"):
+        parse_user_datetime(value)
