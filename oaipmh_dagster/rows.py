@@ -168,6 +168,24 @@ def _apply_transform(
         return None, [error]
 
 
+# U+0000 in a JSON string (json.dumps escapes it), not preceded by an escaped backslash.
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _metadata_json(meta: Any) -> tuple[str | None, list[dict[str, Any]]]:
+    """Transformed metadata as the JSON text to store, or None and an error when it holds
+    U+0000: PostgreSQL's JSON cannot keep it, and one record must not fail its page."""
+    if meta is None:
+        return None, []
+    text = json.dumps(meta, ensure_ascii=False)
+    if "\\u0000" in text and _NUL.search(text):
+        return None, [{"type": "nul_character",
+                       "message": "the transformed metadata holds U+0000 (NUL), which the "
+                                  "store cannot keep; the record keeps its raw XML",
+                       "location": "transform"}]
+    return text, []
+
+
 @dataclass
 class PreparedPage:
     """A page's rows to upsert (new and changed records, transformed) and its counts."""
@@ -274,7 +292,7 @@ def _row(
         counts.unchanged += 1
         return None
     raw: str | None = None
-    meta: Any = None
+    meta_json: str | None = None
     transformed_at: datetime | None = None
     if deleted:
         counts.deleted += 1
@@ -291,6 +309,8 @@ def _row(
             errors = errors + parsed
         else:
             meta, failed = _apply_transform(transform, raw, element)
+            meta_json, nul = _metadata_json(meta)
+            failed = failed + nul
             if transform is not None and raw:
                 transformed_at = now
             if failed:
@@ -309,7 +329,7 @@ def _row(
         "deleted": deleted,
         "sets": sets_json,
         "raw_xml": raw,
-        "metadata": None if meta is None else json.dumps(meta, ensure_ascii=False),
+        "metadata": meta_json,
         "errors": json.dumps(errors) if errors else _NO_ERRORS,
         "harvested_at": now,
         "run_id": run_id,
@@ -342,6 +362,9 @@ def retransform(
                 updates = []
                 for identifier, raw in rows:
                     meta, errors = _apply_transform(transform, raw)
+                    nul = _metadata_json(meta)[1]
+                    if nul:
+                        meta, errors = None, errors + nul
                     if errors:
                         counts.fail(identifier)
                     else:

@@ -220,3 +220,33 @@ def test_full_harvest_after_a_transformer_change_rewrites_every_record(
         again = harvest(_day_server_harvester(server, transformer="xml"), store, run_id="r3",
                         run=FULL, options=FAST)
         assert (again.updated, again.unchanged) == (0, 60)
+
+
+def test_a_nul_in_transformed_metadata_costs_only_its_record(store: Store) -> None:
+    """PostgreSQL's JSON cannot hold U+0000: a transformer output with one fails that
+    record (kept with its raw XML and an error), not the page, on every database."""
+    def transform(raw: str, element: Any) -> dict[str, Any]:
+        return {"title": "x\x00y"} if "NUL" in raw else {"title": "fine"}
+
+    c = write_page(store, "h", [rec("a"), rec("b", title="NUL here")], run_id="r1",
+                   transform=transform, metadata_prefix="oai_dc", transformer="p")
+    assert (c.new, c.failed, c.failed_ids) == (2, 1, ["b"])
+    by_id = {r["oai_identifier"]: r for r in store.iter_records("h")}
+    assert by_id["a"]["metadata"] == {"title": "fine"} and not by_id["a"]["errors"]
+    assert by_id["b"]["metadata"] is None
+    assert [e["type"] for e in by_id["b"]["errors"]] == ["nul_character"]
+    assert "U+0000" in by_id["b"]["errors"][0]["message"]
+
+
+def test_a_re_transform_to_nul_costs_only_its_records(store: Store) -> None:
+    from oaipmh_dagster.rows import retransform
+
+    write_page(store, "h", [rec("a"), rec("b", title="NUL here")], run_id="r1",
+               transform=title_of, metadata_prefix="oai_dc", transformer="t")
+    counts = retransform(store, "h", lambda raw, element=None: (
+        {"title": "x\x00y"} if "NUL" in raw else {"title": "fine"}), run_id="r2")
+    assert (counts.updated, counts.failed, counts.failed_ids) == (1, 1, ["b"])
+    by_id = {r["oai_identifier"]: r for r in store.iter_records("h")}
+    assert by_id["a"]["metadata"] == {"title": "fine"}
+    assert by_id["b"]["metadata"] is None
+    assert by_id["b"]["errors"][0]["type"] == "nul_character"
