@@ -127,6 +127,7 @@ def test_sample_past_max_records(database_url: str) -> None:
     # One in every ceil(10 / 3) = 4 by identifier: 00, 04, 08.
     assert (p.records, p.live, p.sampled) == (3, 10, True)
     assert p.distinct() == {"title": 3}
+    assert p.fields["title"].values == {"oai:s:00", "oai:s:04", "oai:s:08"}
     assert "A sample: 3 of 10 live records (one in every 4 by identifier)." in \
         coverage_markdown(p)
     assert profile_store(store, "s", max_records=None).records == 10
