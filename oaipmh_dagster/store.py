@@ -112,6 +112,12 @@ def failures(errors: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
                                              and e.get("type") == SCHEMA_ERROR)]
 
 
+# Rows whose errors are not the empty list the writers store ("[]"): the scans for failed
+# and invalid records decode only these (every row's JSON took 0.1 s per 20,000 records,
+# three times a run).
+_HAS_ERRORS = sa.cast(record_table.c.errors, sa.Text) != "[]"
+
+
 @dataclass(frozen=True)
 class MetadataUpdate:
     """New metadata (or the errors of a failed transform) of one stored record."""
@@ -366,7 +372,7 @@ class Store:
             rows = conn.execute(
                 sa.select(record_table.c.oai_identifier, record_table.c.errors)
                 .where(record_table.c.harvester_id == harvester_id,
-                       record_table.c.deleted.is_(False))
+                       record_table.c.deleted.is_(False), _HAS_ERRORS)
                 .order_by(record_table.c.oai_identifier)
             )
             out = []
@@ -389,7 +395,7 @@ class Store:
             has_schema = sa.exists(
                 sa.select(1).select_from(element)
                 .where(sa.func.json_extract(element.c.value, "$.type") == SCHEMA_ERROR))
-        where = (c.harvester_id == harvester_id, c.deleted.is_(False), has_schema)
+        where = (c.harvester_id == harvester_id, c.deleted.is_(False), _HAS_ERRORS, has_schema)
         with self.engine.connect() as conn:
             total = int(conn.execute(
                 sa.select(sa.func.count()).select_from(record_table).where(*where)
