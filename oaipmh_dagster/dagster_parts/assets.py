@@ -242,15 +242,16 @@ def run_harvest(
             counts = {"new": 0, "updated": result.updated, "failed": result.failed,
                       "failed_ids": result.failed_ids}
         unchanged = not (counts["new"] or counts["updated"] or counts.get("deleted"))
-        yield dg.MaterializeResult(asset_key=records_key, metadata=records_metadata(
+        records_meta = records_metadata(
             store, h, counts, run_id=context.run_id,
-            previous=latest_metadata(context.instance, records_key) if unchanged else None))
+            previous=latest_metadata(context.instance, records_key) if unchanged else None)
+        yield dg.MaterializeResult(asset_key=records_key, metadata=records_meta)
         failed = store.failed_identifiers(h.id, limit=10)
         yield dg.AssetCheckResult(
             asset_key=records_key, check_name=CHECK_NO_FAILED, passed=not failed,
             severity=dg.AssetCheckSeverity.WARN,
             metadata={"failed_sample": ", ".join(failed) or "none",
-                      "failed_in_store": store.counts(h.id)["failed"]},
+                      "failed_in_store": records_meta["failed_in_store"]},
         )
 
 

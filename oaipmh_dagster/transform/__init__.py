@@ -75,7 +75,7 @@ def _unknown(name: str) -> TransformError:
     return TransformError(
         "unknown_transformer",
         f"unknown transformer {name!r}: use one of {', '.join(available_transformers())} "
-        "xslt:PATH or a plugin path 'package.module:function'",
+        ", xslt:PATH or a plugin path 'package.module:function'",
         name,
     )
 
