@@ -101,9 +101,11 @@ def _check_transformer(name: str) -> None:
 def _absolute_transformer(name: str | None) -> str | None:
     """An xslt: transformer with its stylesheet path made absolute (a code server may
     run in another directory); any other name as given."""
+    if name is None:
+        return name
     from oaipmh_dagster.transform import TransformError, xslt
 
-    if name is None or not xslt.is_xslt(name):
+    if not xslt.is_xslt(name):
         return name
     try:
         return xslt.normalize(name)
@@ -238,7 +240,8 @@ def add_harvester(
                       transformer=transformer or "", **http)
     except InvalidHarvester as exc:
         raise AdminError(str(exc), usage=True) from exc
-    _check_transformer(h.transformer)
+    if transformer:  # else the built-in default for the prefix
+        _check_transformer(h.transformer)
     if validate is not None:
         h = h.replace(schema=resolve_schema(validate, prefix))
     registry = _open(registries)

@@ -31,14 +31,15 @@ __all__ = ["ROWS_KEY", "build_definitions", "defs", "freeze_long_lived", "load_h
 log = logging.getLogger(__name__)
 
 
-def load_harvesters() -> list[Harvester]:
-    """The registry's valid rows; a missing table (fresh install) gives none."""
+def load_harvesters(shard: Shard | None = None) -> list[Harvester]:
+    """The registry's valid rows (of `shard` only: the other rows are not read); a
+    missing table (fresh install) gives none."""
     engine = db.get_engine(migrate=False)
     if not db.table_exists(engine, harvester_table.name):
         log.warning("no harvester table in %s yet: run `oaipmh-dagster init` or add a "
                     "harvester; the code location is empty", db.redact(str(engine.url)))
         return []
-    rows = Registry(engine).list_rows()
+    rows = Registry(engine).list_rows(shard.holds if shard is not None else None)
     for row in rows:
         if isinstance(row, InvalidRow):
             log.error("harvester row %r is invalid and was left out: %s", row.id, row.error)
@@ -95,10 +96,9 @@ def defs() -> dg.Definitions:
     if stored is not None:
         harvesters = [Harvester.from_dict(d) for d in json.loads(stored)]
     else:
-        harvesters = load_harvesters()
         shard = Shard.of_location(location)
+        harvesters = load_harvesters(shard)
         if shard is not None:
-            harvesters = [h for h in harvesters if shard.holds(h.id)]
             log.info("code location %s holds %d harvesters (shard %d of %d)",
                      location, len(harvesters), shard.index, shard.count)
     rows = json.dumps([h.to_dict() for h in harvesters], sort_keys=True)

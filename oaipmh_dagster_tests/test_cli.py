@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 from collections.abc import Iterator
 
@@ -67,6 +68,28 @@ def test_add_probes_the_server(run, database_url: str, server: OAIServer) -> Non
     assert not h.enabled and h.max_retries == 2 and h.timeout == 20 and h.comment == "hi"
     assert h.name == "Demo Research Repository"  # taken from Identify
     assert h.transformer == "oai_dc"
+
+
+def test_add_loads_only_what_it_needs(database_url: str, closed_port_url: str) -> None:
+    """`harvester add` with a plain cron and the default transformer, on a database
+    already at the newest schema, imports neither Dagster (0.8 s), nor alembic, nor the
+    transformers: it is the first part of add-to-visible at 10,000 harvesters."""
+    import subprocess
+
+    db.upgrade(db.get_engine())
+    code = ("import sys\nfrom oaipmh_dagster import cli\n"
+            "try:\n    cli.main(sys.argv[1:])\nexcept SystemExit as e:\n"
+            "    assert not e.code, e.code\n"
+            "print(sorted(m for m in ('dagster', 'alembic', 'oaipmh_dagster.transform', "
+            "'pandas') if m in sys.modules))")
+    env = {**os.environ, "OAIPMH_DAGSTER_WEBSERVER": closed_port_url.rsplit("/", 1)[0]}
+    out = subprocess.run(
+        [sys.executable, "-c", code, "harvester", "add", "plain", "--url",
+         "http://127.0.0.1:9/oai", "--prefix", "oai_dc", "--cron", "17 3 * * 1-5",
+         "--no-check"], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "[]", out.stdout
+    assert registry().get("plain").cron == "17 3 * * 1-5"
 
 
 def test_add_refuses_a_prefix_the_server_does_not_offer(run, database_url: str,

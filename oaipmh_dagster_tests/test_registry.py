@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import UTC, datetime
 
 import pytest
@@ -349,6 +351,21 @@ def test_list_rows_survives_undecodable_values(sqlite_url: str) -> None:
     assert [h.id for h in registry.list()] == ["good_a", "good_z"]
     with pytest.raises(InvalidHarvester, match="broken"):
         registry.get("broken")
+    # Kept rows only, the undecodable ones among them still reported one by one.
+    kept = registry.list_rows(lambda i: i in ("broken", "good_z"))
+    assert [(r.id, type(r)) for r in kept] == [("broken", InvalidRow), ("good_z", Harvester)]
+    assert [r.id for r in registry.list_rows(lambda i: i.startswith("good"))] == [
+        "good_a", "good_z"]
+
+
+def test_list_rows_keeps_rows_in_chunks_in_id_order(sqlite_url: str) -> None:
+    registry = Registry(db.get_engine(sqlite_url))
+    ids = [f"h{i:04d}" for i in range(1203)]
+    for hid in reversed(ids):
+        registry.add(make(id=hid))
+    kept = registry.list_rows(lambda i: int(i[1:]) % 2 == 0)
+    assert [r.id for r in kept] == ids[::2]  # 602 rows: two chunks and a part
+    assert registry.list_rows(lambda i: False) == []
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -380,3 +397,59 @@ def test_registry_errors_sit_under_the_package_root() -> None:
         assert issubclass(cls, OAIPMHDagsterError)
     with pytest.raises(OAIPMHDagsterError, match="cron"):
         make(cron="61 * * * *")
+
+
+def test_a_plain_cron_is_checked_without_importing_dagster() -> None:
+    """`harvester add` with an everyday cron does not pay Dagster's import (0.8 s)."""
+    code = ("import sys\nfrom oaipmh_dagster.registry import validate_cron\n"
+            "validate_cron('17 3 * * *'); validate_cron('*/15 * * * 1-5')\n"
+            "print('dagster' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    assert out.strip() == "False"
+
+
+def test_the_plain_cron_check_agrees_with_dagster() -> None:
+    """Every expression the shortcut accepts, Dagster accepts; what it does not know
+    (names, L, #, months, odd spacing) is left to Dagster. Random plain expressions,
+    in range and out of it."""
+    import random
+
+    from oaipmh_dagster.registry import _plainly_valid, _valid_cron
+
+    rng = random.Random(20261201)
+
+    def field(low: int, high: int) -> str:
+        kind = rng.choice((0, 0, 1, 2, 3, 4, 4, 5))
+        def n() -> str:  # now and then just out of range
+            return str(rng.randint(low - 1, high + 1) if rng.random() < 0.1
+                       else rng.randint(low, high))
+
+        if kind == 0:
+            return "*"
+        if kind == 1:
+            return f"*/{rng.randint(0, high + 2)}"
+        if kind == 2:
+            return f"{n()}-{n()}"
+        if kind == 3:
+            return ",".join(n() for _ in range(rng.randint(2, 4)))
+        if kind == 4:
+            return f"0{rng.randint(0, 9)}" if rng.random() < 0.3 else n()
+        return rng.choice(["L", "mon", "1#2", "?", "1/5", "", "*/"])
+
+    ranges = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 6))
+    accepted = refused = 0
+    for _ in range(3000):
+        parts = [field(lo, hi) for lo, hi in ranges]
+        if rng.random() < 0.7:
+            parts[3] = "*"
+        expr = " ".join(parts)
+        if _plainly_valid(expr):
+            accepted += 1
+            assert _valid_cron(expr), expr
+        else:
+            refused += 1
+    assert accepted > 500 and refused > 500  # both sides of the shortcut were exercised
+    for expr in ("0 0 30 2 *", "0 0 31 2 *", "0 3 * jan *", "0  3 * * *", "0 3 * * 7",
+                 "00 3 * * *", "*/0 * * * *", "5-1 * * * *", "60 * * * *"):
+        assert not _plainly_valid(expr), expr

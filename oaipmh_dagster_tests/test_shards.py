@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import dagster as dg
 import pytest
@@ -297,3 +298,37 @@ def test_a_shard_location_hands_only_its_rows_to_run_workers(sqlite_url: str) ->
         loaded = defs()
     rows = json.loads(str(loaded.metadata[ROWS_KEY].value))
     assert [r["id"] for r in rows] == [h for h in ids if shard_of(h, 2) == 1]
+
+
+def test_a_shard_location_reads_and_checks_only_its_own_rows(
+        sqlite_url: str, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard's load is bounded by its own size: the other shards' rows are neither
+    decoded nor validated, and a broken row of another shard is that shard's error."""
+    from oaipmh_dagster import db
+    from oaipmh_dagster.registry import Harvester, harvester_table
+
+    ids = IDS[:40]
+    for hid in ids:
+        add_harvester(hid, "http://127.0.0.1:9/oai")
+    mine = [h for h in ids if shard_of(h, 4) == 2]
+    broken_elsewhere = next(h for h in ids if shard_of(h, 4) == 0)
+    broken_here = mine[0]
+    with db.get_engine().begin() as conn:
+        for hid in (broken_elsewhere, broken_here):
+            conn.execute(harvester_table.update().where(harvester_table.c.id == hid)
+                         .values(cron="not a cron"))
+    checked: list[str] = []
+    real = Harvester.from_dict.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type[Harvester], data: Any) -> Harvester:
+        checked.append(data["id"])
+        return real(cls, data)
+
+    monkeypatch.setattr(Harvester, "from_dict", classmethod(counting))
+    with _code_location(Shard(2, 4).location_name()):
+        loaded = defs()
+    assert _harvester_jobs(loaded) == {_job(h) for h in mine[1:]}
+    assert sorted(checked) == sorted(mine)
+    assert broken_here in caplog.text
+    assert broken_elsewhere not in caplog.text
