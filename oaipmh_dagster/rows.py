@@ -168,6 +168,9 @@ def _apply_transform(
         return None, [error]
 
 
+# One encoder for every record (json.dumps builds one per call with these options). No
+# cycle check: transformer output is checked to be a JSON tree before it gets here.
+_ENCODE = json.JSONEncoder(ensure_ascii=False, check_circular=False).encode
 # U+0000 in a JSON string (json.dumps escapes it), not preceded by an escaped backslash.
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
@@ -177,7 +180,7 @@ def _metadata_json(meta: Any) -> tuple[str | None, list[dict[str, Any]]]:
     U+0000: PostgreSQL's JSON cannot keep it, and one record must not fail its page."""
     if meta is None:
         return None, []
-    text = json.dumps(meta, ensure_ascii=False)
+    text = _ENCODE(meta)
     if "\\u0000" in text and _NUL.search(text):
         return None, [{"type": "nul_character",
                        "message": "the transformed metadata holds U+0000 (NUL), which the "

@@ -172,27 +172,36 @@ def _name_of(fn: Callable[..., Any]) -> str:
     return f"{module}:{qualname}" if module else qualname
 
 
-def _check_json(value: Any, path: str) -> str | None:
-    """Where ``value`` is not JSON-ready (``None`` when it is)."""
+# Deeper output is refused: encoding it would overflow the stack.
+MAX_OUTPUT_DEPTH = 200
+
+
+def _check_json(value: Any, path: str, within: tuple[int, ...] = ()) -> str | None:
+    """Where ``value`` is not JSON-ready (``None`` when it is): a value JSON cannot hold,
+    a container inside itself (`within`: the ids of the containers on the path), or
+    nesting deeper than `MAX_OUTPUT_DEPTH`."""
     if value is None or isinstance(value, str | bool | int):
         return None
     if isinstance(value, float):
         return None if value == value and value not in (float("inf"), float("-inf")) else path
+    if not isinstance(value, dict | list | tuple):
+        return path
+    if id(value) in within or len(within) >= MAX_OUTPUT_DEPTH:
+        return f"{path} (a cycle or nesting deeper than {MAX_OUTPUT_DEPTH})"
+    within = (*within, id(value))
     if isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, str):
                 return f"{path}[{k!r}] (key)"
-            bad = _check_json(v, f"{path}.{k}")
+            bad = _check_json(v, f"{path}.{k}", within)
             if bad:
                 return bad
         return None
-    if isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            bad = _check_json(v, f"{path}[{i}]")
-            if bad:
-                return bad
-        return None
-    return path
+    for i, v in enumerate(value):
+        bad = _check_json(v, f"{path}[{i}]", within)
+        if bad:
+            return bad
+    return None
 
 
 def _resolve(name_or_fn: str | Transformer) -> tuple[Transformer, str]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from lxml import etree
 
-from ._util import TransformError, element_path, text_of
+from ._util import TransformError, element_path
 
 DC_NS = "http://purl.org/dc/elements/1.1/"
 OAI_DC_NS = "http://www.openarchives.org/OAI/2.0/oai_dc/"
@@ -33,7 +33,6 @@ DC_ELEMENTS: tuple[str, ...] = (
     "coverage",
     "rights",
 )
-_KNOWN = frozenset(DC_ELEMENTS)
 _DC_ANY = f"{{{DC_NS}}}*"
 _PREFIX_LEN = len(DC_NS) + 2
 
@@ -43,12 +42,15 @@ def transform(root: etree._Element) -> dict[str, Any]:
     out: dict[str, list[str]] = {name: [] for name in DC_ELEMENTS}
     found = False
     for child in root.iterchildren(_DC_ANY):
-        name = child.tag[_PREFIX_LEN:]
-        if name in _KNOWN:
+        values = out.get(child.tag[_PREFIX_LEN:])
+        if values is not None:
             found = True
-            value = text_of(child)
-            if value is not None:
-                out[name].append(value)
+            # text_of, inlined: this loop runs for every element of every record
+            value = "".join(child.itertext()) if len(child) else child.text
+            if value:
+                value = value.strip()
+                if value:
+                    values.append(value)
     if not found and not root.tag.endswith("}dc") and root.tag != "dc":
         raise TransformError(
             "unexpected_format",

@@ -188,6 +188,35 @@ def test_callable_passed_directly() -> None:
     assert info.value.location == f"{HERE}:explodes"
 
 
+def returns_a_cycle(el: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"title": ["t"]}
+    out["self"] = [out]
+    return out
+
+
+def test_a_plugin_output_with_a_cycle_is_a_bad_output() -> None:
+    """The store encodes transformed metadata without a cycle check: the output check
+    must refuse a cycle as bad output (not overflow the stack)."""
+    with pytest.raises(TransformError) as info:
+        transform_record(f"{HERE}:returns_a_cycle", DC)
+    assert info.value.type == "bad_output"
+    assert "$.self[0]" in info.value.message
+
+
+def returns_deep_nesting(el: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"leaf": 1}
+    for _ in range(5000):
+        out = {"down": out}
+    return out
+
+
+def test_a_plugin_output_nested_too_deep_is_a_bad_output() -> None:
+    with pytest.raises(TransformError) as info:
+        transform_record(f"{HERE}:returns_deep_nesting", DC)
+    assert info.value.type == "bad_output"
+    assert "deeper than 200" in info.value.message
+
+
 @pytest.mark.parametrize(
     ("fn", "fragment"),
     [("returns_list", "returned list, not a dict"), ("returns_set", "$.bad.values")],
