@@ -30,6 +30,7 @@ from benchmarks.cases import (
 )
 
 BASELINE_ENV = "OAIPMH_BENCH_BASELINE"
+FLOOR_RECORDS = 100  # one page: what a harvest through the CLI costs before any volume
 HARVESTER = "bench_cli"
 
 
@@ -40,13 +41,28 @@ def _cli(checkout: Path | None) -> list[str]:
     return [sys.executable, "-c", "import sys; from oaipmh_dagster.cli import main; main()"]
 
 
+def _check_imports_from(checkout: Path, env: dict[str, str]) -> None:
+    """Refuse a baseline whose `oaipmh_dagster` would not be the checkout's own (an
+    installed copy or the working directory found first)."""
+    found = subprocess.run(
+        [sys.executable, "-c", "import oaipmh_dagster; print(oaipmh_dagster.__file__)"],
+        env=env, cwd=checkout, capture_output=True, text=True, check=True, timeout=120,
+    ).stdout.strip()
+    if not Path(found).resolve().is_relative_to(checkout.resolve()):
+        raise RuntimeError(f"the baseline imports oaipmh_dagster from {found}, not from "
+                           f"{checkout}")
+
+
 def _run_cli(b: Bench, db_url: str, url: str, home: Path, tag: str,
              checkout: Path | None, full: bool) -> dict[str, Any]:
     """One `harvest` through the CLI: register the harvester on first use, then time the
     process from start to exit and check what it stored."""
     env = {**os.environ, "DAGSTER_HOME": str(home), "OAIPMH_DATABASE_URL": db_url}
+    cwd = ROOT
     if checkout is not None:
         env["PYTHONPATH"] = f"{checkout}{os.pathsep}{checkout / 'src'}"
+        cwd = checkout  # `python -c` puts the working directory first on sys.path
+        _check_imports_from(checkout, env)
     home.mkdir(parents=True, exist_ok=True)
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n", encoding="utf-8")
     cli = _cli(checkout)
@@ -54,11 +70,11 @@ def _run_cli(b: Bench, db_url: str, url: str, home: Path, tag: str,
     with log.open("a", encoding="utf-8") as out:
         if not full:
             subprocess.run([*cli, "harvester", "add", HARVESTER, "--url", url, "--prefix",
-                            "oai_dc", "--no-check"], env=env, cwd=ROOT, stdout=out,
+                            "oai_dc", "--no-check"], env=env, cwd=cwd, stdout=out,
                            stderr=subprocess.STDOUT, check=True, timeout=300)
         args = [*cli, "harvest", HARVESTER, *(["--full"] if full else [])]
         t0 = time.perf_counter()
-        proc = subprocess.run(args, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.run(args, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                               timeout=1800)
         wall = time.perf_counter() - t0
     if proc.returncode != 0:
@@ -79,9 +95,17 @@ def case_cli(b: Bench) -> None:
     runs: dict[str, list[dict[str, Any]]] = {}
     out: dict[str, Any] = {"records": n, "runs": runs}
     b.raw["cli_e2e"] = out
+    small = b.server(FLOOR_RECORDS)
     for i in range(repeats):
         sickle = b.child("sickle_harvest", {"url": srv.url})
         runs.setdefault("sickle", []).append({**sickle, "rate": sickle["records"] / sickle["seconds"]})
+        home = b.tmp / f"cli-floor-{i}"
+        try:
+            runs.setdefault("floor", []).append(_run_cli(
+                b, f"sqlite:///{home / 'oaipmh.sqlite'}", small.url, home, "floor", None,
+                full=False))
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
         for who, checkout in checkouts.items():
             for engine in ("sqlite", "postgres"):
                 home = b.tmp / f"cli-{who}-{engine}-{i}"
@@ -124,6 +148,17 @@ def _rows(b: Bench, n: int, runs: dict[str, list[dict[str, Any]]],
     b.add(Row("7", f"Sickle ListRecords fetch + parse, {n:,} rec (peer)", _fmt_rate(sickle),
               "median of " + ", ".join(_fmt_rate(r["rate"]) for r in runs["sickle"]),
               values={"runs": runs["sickle"]}))
+    floors = [r["seconds"] for r in runs.get("floor", [])]
+    if floors:
+        floor = statistics.median(floors)
+        sickle_seconds = n / sickle
+        left = sickle_seconds - floor
+        need = f"{n / left:,.0f} rec/s ({n / left / sickle:.1f}x Sickle's rate)" if left > 0 \
+            else "impossible"
+        b.add(Row("7", f"CLI floor: harvest of {FLOOR_RECORDS} records (one page) -> sqlite",
+                  f"{floor:.2f} s", "runs " + ", ".join(f"{x:.2f} s" for x in floors)
+                  + f"; for 1.0x at {n:,} records the rest must reach {need}",
+                  values={"runs": runs["floor"], "seconds": floor}))
     targets = {"sqlite": 1.0, "postgres": 0.8}
     for who in checkouts:
         for engine, target in targets.items():
