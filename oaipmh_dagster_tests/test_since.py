@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import dagster as dg
 import pytest
@@ -533,3 +534,44 @@ def test_launchpad_since_out_of_range_fails_with_a_clear_error(
     assert "out of range once converted to UTC" in text
     assert "OverflowError" not in text
     assert Store().count("j", live_only=False) == 0
+
+
+def test_current_state_reads_runs_in_one_query_and_only_after_the_published_since(
+        sqlite_url: str, server: OAIServer, instance: dg.DagsterInstance,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`harvester list` resolves every harvester's since: with runs not yet published
+    their run records come in one query, not one each (5 ms apiece), and once the
+    sensor has published, no earlier materialization is read at all."""
+    h = add_harvester("j", server.base_url)
+    for _ in range(3):
+        assert run_job(h, instance).success
+    raw_key = asset_keys(h.id)[1]
+    expected = current_state(instance, raw_key)
+    by_id: list[str] = []
+    batched: list[object] = []
+    real_by_id, real_records = instance.get_run_record_by_id, instance.get_run_records
+    monkeypatch.setattr(instance, "get_run_record_by_id",
+                        lambda run_id: by_id.append(run_id) or real_by_id(run_id))
+    monkeypatch.setattr(instance, "get_run_records",
+                        lambda *a, **k: batched.append(a) or real_records(*a, **k))
+    state = current_state(instance, raw_key)
+    assert state == expected and state is not None and state.value is not None
+    assert by_id == [] and len(batched) == 1
+    # Published by the sensor: nothing after it to read, no run looked up.
+    monkeypatch.undo()
+    tick(instance, None, h)
+    published = current_state(instance, raw_key)
+    fetched: list[int] = []
+    real_fetch = instance.fetch_materializations
+
+    def counted_fetch(*a: Any, **k: Any) -> Any:
+        result = real_fetch(*a, **k)
+        fetched.append(len(result.records))
+        return result
+
+    monkeypatch.setattr(instance, "fetch_materializations", counted_fetch)
+    monkeypatch.setattr(instance, "get_run_records",
+                        lambda *a, **k: batched.append(a) or real_records(*a, **k))
+    batched.clear()
+    assert current_state(instance, raw_key) == published
+    assert fetched == [0] and batched == []

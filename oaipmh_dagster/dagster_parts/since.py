@@ -109,16 +109,30 @@ def published_state(
     return None, 0
 
 
+def _run_records(instance: dg.DagsterInstance, run_ids: list[str]) -> dict[str, Any]:
+    """run id -> run record, in one query (a query per run costs about 5 ms each)."""
+    if not run_ids:
+        return {}
+    records = instance.get_run_records(dg.RunsFilter(run_ids=sorted(set(run_ids))))
+    return {r.dagster_run.run_id: r for r in records}
+
+
 def current_state(instance: dg.DagsterInstance, raw_key: dg.AssetKey) -> SinceState | None:
-    """The published since plus what successful runs recorded after it."""
+    """The published since plus what successful runs recorded after it (only the
+    materializations after the published one are read, their runs in one query)."""
     state, after = published_state(instance, raw_key)
-    records = instance.fetch_materializations(raw_key, limit=_MATERIALIZATIONS).records
-    for record in reversed([r for r in records if r.storage_id > after]):
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=raw_key, after_storage_id=after or None),
+        limit=_MATERIALIZATIONS).records
+    recorded = []
+    for record in reversed(records):
         mat = record.asset_materialization
         value, scope = run_since(mat.metadata) if mat is not None else (None, None)
-        if value is None:
-            continue
-        run = instance.get_run_record_by_id(record.run_id)
+        if value is not None:
+            recorded.append((record, value, scope))
+    runs = _run_records(instance, [record.run_id for record, _, _ in recorded])
+    for record, value, scope in recorded:
+        run = runs.get(record.run_id)
         if run is None or run.dagster_run.status != dg.DagsterRunStatus.SUCCESS:
             continue
         started = run.start_time or run.create_timestamp.timestamp()
@@ -232,8 +246,10 @@ def since_report(instance: dg.DagsterInstance, h: Harvester, raw_key: dg.AssetKe
     state = current_state(instance, raw_key)
     resolved = resolve_since(instance, h, since=None, full=False, raw_key=raw_key, state=state)
     last = None
-    for record in instance.fetch_materializations(raw_key, limit=_MATERIALIZATIONS).records:
-        run = instance.get_run_record_by_id(record.run_id)
+    records = instance.fetch_materializations(raw_key, limit=_MATERIALIZATIONS).records
+    runs = _run_records(instance, [record.run_id for record in records])
+    for record in records:
+        run = runs.get(record.run_id)
         if run is not None and run.dagster_run.status == dg.DagsterRunStatus.SUCCESS:
             last = {"run_id": record.run_id,
                     "at": datetime.fromtimestamp(record.timestamp, UTC).strftime(
