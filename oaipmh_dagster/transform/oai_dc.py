@@ -11,7 +11,7 @@ from typing import Any
 
 from lxml import etree
 
-from ._util import TransformError, element_path
+from ._util import TransformError, element_path, texts
 
 DC_NS = "http://purl.org/dc/elements/1.1/"
 OAI_DC_NS = "http://www.openarchives.org/OAI/2.0/oai_dc/"
@@ -46,7 +46,7 @@ def transform(root: etree._Element) -> dict[str, Any]:
         if values is not None:
             found = True
             # text_of, inlined: this loop runs for every element of every record
-            value = "".join(child.itertext()) if len(child) else child.text
+            value = "".join(texts(child)) if len(child) else child.text
             if value:
                 value = value.strip()
                 if value:
