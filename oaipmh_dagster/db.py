@@ -140,8 +140,8 @@ def _at_head(engine: Engine) -> bool:
     of every command and run). Any failure says only "ask alembic"."""
     try:
         with engine.connect() as conn:
-            found: list[str] = conn.execute(sa.select(sa.column("version_num")).select_from(
-                sa.table(VERSION_TABLE))).scalars().all()  # type: ignore[assignment]
+            found: list[str] = list(conn.execute(sa.select(sa.column("version_num")).select_from(
+                sa.table(VERSION_TABLE))).scalars())
     except sa.exc.DBAPIError:
         return False
     return found == [HEAD_REVISION]

@@ -11,7 +11,7 @@ from typing import Any
 
 from lxml import etree
 
-from ._util import TransformError, element_path, texts
+from ._util import TransformError, element_path, text_of
 
 DC_NS = "http://purl.org/dc/elements/1.1/"
 OAI_DC_NS = "http://www.openarchives.org/OAI/2.0/oai_dc/"
@@ -45,12 +45,9 @@ def transform(root: etree._Element) -> dict[str, Any]:
         values = out.get(child.tag[_PREFIX_LEN:])
         if values is not None:
             found = True
-            # text_of, inlined: this loop runs for every element of every record
-            value = "".join(texts(child)) if len(child) else child.text
-            if value:
-                value = value.strip()
-                if value:
-                    values.append(value)
+            value = text_of(child)
+            if value is not None:
+                values.append(value)
     if not found and not root.tag.endswith("}dc") and root.tag != "dc":
         raise TransformError(
             "unexpected_format",
