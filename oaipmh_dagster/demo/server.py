@@ -389,6 +389,19 @@ class OAIServer:
         with self._lock:
             return list(self._log)
 
+    def settled(self, timeout: float = 5.0) -> list[RequestLog]:
+        """The request log once no request is in flight (a client can read a whole
+        reply before its handler has counted the last write); raises TimeoutError
+        after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self._in_flight == 0:
+                    return list(self._log)
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"requests still in flight after {timeout} s")
+            time.sleep(0.005)
+
     def clear_log(self) -> None:
         """Empty the log, restart request numbering and ``max_concurrency``."""
         with self._lock:

@@ -548,7 +548,7 @@ def test_fault_trickle(server: OAIServer) -> None:
     r = httpx.get(server.base_url, params={"verb": "Identify"}, timeout=0.5,
                   headers={"Accept-Encoding": "identity"})
     assert r.status_code == 200 and b"<repositoryName>" in r.content
-    log = server.requests[-1]
+    log = server.settled()[-1]
     assert log.fault == "trickle" and log.bytes_sent == len(r.content)
     assert time.monotonic() - t0 >= 0.1 * (len(r.content) // 400)
 
@@ -643,7 +643,7 @@ def test_fault_huge(server: OAIServer, client: httpx.Client) -> None:
     server.faults.add("huge", verb="ListRecords", bytes=3_000_000)
     r = client.get(server.base_url, params={"verb": "ListRecords", "metadataPrefix": "oai_dc"})
     assert len(r.content) == 3_000_000 == int(r.headers["content-length"])
-    assert server.requests[-1].bytes_sent == 3_000_000
+    assert server.settled()[-1].bytes_sent == 3_000_000
     root = etree.fromstring(r.content, etree.XMLParser(huge_tree=True))
     assert len(root.findall(".//o:record", NS)) == 40
     server.faults.add("huge", verb="Identify", bytes=200_000, style="whitespace")
@@ -768,7 +768,7 @@ def test_max_concurrency_and_log(dataset: Dataset) -> None:
         with ThreadPoolExecutor(6) as pool:
             assert list(pool.map(one, range(6))) == [200] * 6
         assert srv.max_concurrency == 6
-        logs = srv.requests
+        logs = srv.settled()
         assert len(logs) == 6 and all(log.finished and log.duration >= 0.49 for log in logs)
         assert all(log.verb == "Identify" and log.bytes_sent > 0 for log in logs)
         assert all(log.started_wall <= log.finished_wall for log in logs)
@@ -872,3 +872,20 @@ def test_command_line_runs_and_stops() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(5)
+
+
+def test_settled_waits_for_the_handler_to_finish(dataset: Dataset) -> None:
+    """A client can hold a whole reply before its handler has logged the end:
+    `settled` returns the log only once no request is in flight, and says so when
+    one stays in flight."""
+    with OAIServer(dataset, latency=0.6) as srv:
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(httpx.get, srv.base_url, params={"verb": "Identify"})
+            deadline = time.monotonic() + 5
+            while not srv.requests and time.monotonic() < deadline:
+                time.sleep(0.01)
+            with pytest.raises(TimeoutError, match="in flight"):
+                srv.settled(timeout=0.1)
+            assert pending.result(timeout=5).status_code == 200
+        logs = srv.settled(timeout=5)
+        assert len(logs) == 1 and logs[0].finished is not None and logs[0].bytes_sent > 0
