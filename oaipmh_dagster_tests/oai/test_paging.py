@@ -319,6 +319,39 @@ def test_prefetch_yields_same_pages():
     assert [r.identifier for p in got for r in p.records] == ["b", "c"]
 
 
+def test_prefetch_uses_one_thread_per_list(monkeypatch):
+    """Every page of a list is fetched by one prefetch thread (a thread per page made
+    the consumer wait for each start), which is gone when the list ends or when the
+    consumer stops with a page already fetched."""
+    from oaipmh_dagster.oai import _paging
+
+    started: list[threading.Thread] = []
+
+    class Counted(threading.Thread):
+        def start(self) -> None:
+            started.append(self)
+            super().start()
+
+    monkeypatch.setattr(_paging.threading, "Thread", Counted)
+    pages = {None: list_records_xml(["a"], "t1"), "t1": list_records_xml(["b"], "t2"),
+             "t2": list_records_xml(["c"], "t3"), "t3": list_records_xml(["d"])}
+    client, server, _ = client_for(chain_route(pages), ClientOptions(prefetch=True))
+    got = [r.identifier for p in client.iter_pages("ListRecords", metadata_prefix="oai_dc")
+           for r in p.records]
+    assert got == ["a", "b", "c", "d"] and len(started) == 1
+    started[0].join(2)
+    assert not started[0].is_alive()
+
+    it = client.iter_pages("ListRecords", metadata_prefix="oai_dc")
+    next(it)
+    deadline = time.monotonic() + 2
+    while len(server.requests) < 6 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert len(server.requests) == 6  # page 2 of the second list is fetched: it waits
+    it.close()
+    assert len(started) == 2 and not started[1].is_alive()
+
+
 def test_prefetch_propagates_errors_and_closes_early():
     pages = {None: list_records_xml(["a"], "t1"), "t1": list_records_xml(["b"], "t1")}
     client, _, _ = client_for(chain_route(pages), ClientOptions(prefetch=True))
