@@ -4,6 +4,10 @@
 # the runs that the DefaultRunLauncher starts from the code server.
 #
 #   docker build -t oaipmh-dagster .
+#   docker build --build-arg EXTRAS="[k8s]" -t oaipmh-dagster .   # for deploy/k8s
+#
+# EXTRAS adds a run launcher's package, pinned with the Dagster set: "[k8s]" for
+# deploy/k8s, "[docker]" for deploy/docker/dagster.yaml, "[celery-k8s]" for deploy/celery.
 #
 # Mount the instance file at $DAGSTER_HOME/dagster.yaml (deploy/postgres/dagster.yaml)
 # and set DAGSTER_PG_* and OAIPMH_DATABASE_URL: see deploy/README.md.
@@ -13,12 +17,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     DAGSTER_HOME=/opt/dagster/dagster_home
 
+ARG EXTRAS=""
+
 WORKDIR /opt/dagster/app
 COPY pyproject.toml README.md ./
 COPY oaipmh_dagster ./oaipmh_dagster
 COPY workspace-grpc.yaml ./
 
 RUN pip install --no-cache-dir . && mkdir -p "$DAGSTER_HOME"
+RUN test -z "$EXTRAS" || pip install --no-cache-dir ".$EXTRAS"
 
 # An unprivileged user: harvests need only the network and the databases.
 RUN useradd --system --uid 10001 --home-dir /opt/dagster dagster \

@@ -53,6 +53,27 @@ def test_dg_cli_is_pinned_with_the_dagster_set() -> None:
     assert dagster.startswith("==")
 
 
+def test_run_launcher_extras_are_pinned_with_the_dagster_set() -> None:
+    """Each deploy file's launcher package is an extra pinned at the library version of
+    the Dagster set (the one dagster-postgres has), the dev extra installs them all so
+    the tests check every deploy file against its launcher's schema, and the Dockerfile
+    installs the extras it is built with."""
+    data = _project()
+    extras = data["project"]["optional-dependencies"]
+    library = _pins(data["project"]["dependencies"])["dagster-postgres"]
+    assert library.startswith("==0.")
+    packages = {"k8s": "dagster-k8s", "docker": "dagster-docker",
+                "celery-k8s": "dagster-celery-k8s"}
+    for extra, package in packages.items():
+        assert _pins(extras[extra]) == {package: library}
+    assert "oaipmh-dagster[k8s,docker,celery-k8s]" in extras["dev"]
+    dockerfile = (REPO_ROOT / "Dockerfile").read_text()
+    assert 'ARG EXTRAS=""' in dockerfile
+    assert 'RUN test -z "$EXTRAS" || pip install --no-cache-dir ".$EXTRAS"' in dockerfile
+    for extra in packages:
+        assert f'EXTRAS="[{extra}]"' in (REPO_ROOT / "deploy" / "README.md").read_text()
+
+
 def test_dg_project_points_at_the_definitions_module() -> None:
     dg = _project()["tool"]["dg"]
     assert dg["directory_type"] == "project"
