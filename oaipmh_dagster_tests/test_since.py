@@ -575,3 +575,53 @@ def test_current_state_reads_runs_in_one_query_and_only_after_the_published_sinc
     batched.clear()
     assert current_state(instance, raw_key) == published
     assert fetched == [0] and batched == []
+
+
+def test_harvester_states_read_every_run_in_one_query_and_no_published_materialization(
+        sqlite_url: str, server: OAIServer, instance: dg.DagsterInstance,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`harvester list` at scale: the runs behind every harvester's unpublished sinces
+    come in one query, not one per harvester; once the sensor has published, the asset
+    records show nothing newer, so no materialization is read."""
+    from oaipmh_dagster.dagster_parts.harvester_state import harvester_states
+
+    hs = [add_harvester(f"m{i}", server.base_url) for i in range(3)]
+    for h in hs:
+        assert run_job(h, instance).success
+
+    def sinces() -> dict[str, str | None]:
+        return {h.id: resolve_since(instance, h, since=None, full=False,
+                                    raw_key=asset_keys(h.id)[1]).value for h in hs}
+
+    expected = sinces()
+    assert all(value is not None for value in expected.values())
+    by_run_ids: list[list[str]] = []
+    fetched: list[int] = []
+    real_records, real_fetch = instance.get_run_records, instance.fetch_materializations
+
+    def counted_records(*a: Any, **k: Any) -> Any:
+        filters = k.get("filters", a[0] if a else None)
+        if filters is not None and filters.run_ids:
+            by_run_ids.append(list(filters.run_ids))
+        return real_records(*a, **k)
+
+    def counted_fetch(*a: Any, **k: Any) -> Any:
+        result = real_fetch(*a, **k)
+        fetched.append(len(result.records))
+        return result
+
+    monkeypatch.setattr(instance, "get_run_records", counted_records)
+    monkeypatch.setattr(instance, "fetch_materializations", counted_fetch)
+    states = harvester_states(instance, hs)
+    assert {h.id: states[h.id]["since"] for h in hs} == expected
+    assert len(by_run_ids) == 1 and len(by_run_ids[0]) == 3
+    assert len(fetched) == 3  # each harvester's materializations after its since
+
+    tick(instance, None, *hs)
+    published = sinces()
+    by_run_ids.clear()
+    fetched.clear()
+    states = harvester_states(instance, hs)
+    assert {h.id: states[h.id]["since"] for h in hs} == published
+    assert fetched == [] and by_run_ids == []
+    assert all(states[h.id]["last_run"]["status"] == "SUCCESS" for h in hs)

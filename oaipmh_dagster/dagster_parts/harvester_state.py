@@ -49,18 +49,21 @@ def harvester_states(instance: dg.DagsterInstance,
     A harvester none of whose assets has an event yet has had no run (a run plans its
     assets when it is created): its run and since queries are skipped."""
     from oaipmh_dagster.dagster_parts.assets import asset_keys
-    from oaipmh_dagster.dagster_parts.since import resolve_since
+    from oaipmh_dagster.dagster_parts.since import current_states, resolve_since
 
     stored = stored_schedule_statuses(instance)
     keys = {h.id: asset_keys(h.id) for h in harvesters}
-    known = {r.asset_entry.asset_key for r in instance.get_asset_records(
+    entries = {r.asset_entry.asset_key: r.asset_entry for r in instance.get_asset_records(
         [key for three in keys.values() for key in three])}
+    raw_known = [keys[h.id][1] for h in harvesters if keys[h.id][1] in entries]
+    states = current_states(instance, raw_known, {
+        key: entries[key].last_materialization_storage_id for key in raw_known})
     out = {}
     for h in harvesters:
         raw_key = keys[h.id][1]
-        seen = any(key in known for key in keys[h.id])
+        seen = any(key in entries for key in keys[h.id])
         since = resolve_since(instance, h, since=None, full=False, raw_key=raw_key,
-                              **({} if raw_key in known else {"state": None}))
+                              state=states.get(raw_key))
         out[h.id] = {"schedule": schedule_label(h, stored.get(h.job_name)),
                      "last_run": last_run(instance, h.id) if seen else None,
                      "since": since.value}
