@@ -3,7 +3,8 @@ writes at a time.
 
 - A lease is a row of `oaipmh_harvest_state` with a fresh random `lease` token; the
   holder keeps its `heartbeat_at` fresh from a daemon thread, independently of pages.
-- A waiting run takes over only a holder proven dead: its process is gone (same host),
+- A waiting run takes over only a holder proven dead: its process is gone (same host;
+  a process that reuses its PID is told apart by its start time),
   the orchestrator says its run finished (`is_stale`), or, on another host, its heartbeat
   is older than `STALE_AFTER`.
 - Every write of the holder is fenced: it updates the state row matching its token in
@@ -94,9 +95,35 @@ def _stamp(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if value else "-"
 
 
+def _boot_id() -> str:
+    """This machine's boot (Linux), or '' where unknown."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()[:8]
+    except OSError:
+        return ""
+
+
+def process_start(pid: int) -> str | None:
+    """When process `pid` started, as `<boot>.<clock ticks since boot>` (Linux), so that
+    a later process given the same PID is told apart; None where unknown or gone."""
+    boot = _boot_id()
+    if not boot:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return f"{boot}.{fields[19]}" if len(fields) > 19 else None
+
+
 def holder_id() -> str:
-    """This process as a lease holder: `host:pid`."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This process as a lease holder: `host:pid`, with `@<start>` where the start of a
+    process is known (see `process_start`)."""
+    pid = os.getpid()
+    start = process_start(pid)
+    return f"{socket.gethostname()}:{pid}" + (f"@{start}" if start else "")
 
 
 def _process_alive(pid: int) -> bool:
@@ -107,6 +134,18 @@ def _process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def holder_alive(pid: int, start: str | None) -> bool:
+    """Whether the holder process `pid` (started at `start`, when recorded) still runs:
+    a live process with that PID that started at another time is not the holder (its
+    PID was reused)."""
+    if not _process_alive(pid):
+        return False
+    if not start:
+        return True
+    now = process_start(pid)
+    return now is None or now == start
 
 
 def _beat(owner: weakref.ref, engine: Engine, lease: Lease, every: float) -> None:
@@ -276,11 +315,12 @@ class Leases:
 
     def _dead(self, row: Any, is_stale: IsStale | None) -> bool:
         """Whether the holder of `row` is proven dead."""
-        host, _, pid = (row["holder"] or "").rpartition(":")
+        host, _, process = (row["holder"] or "").rpartition(":")
+        pid, _, start = process.partition("@")
         if is_stale is not None and is_stale(row["run_id"]):
             return True  # the orchestrator says its run has finished
         if host == socket.gethostname() and pid.isdigit():
-            return not _process_alive(int(pid))
+            return not holder_alive(int(pid), start or None)
         beat = _aware(row["heartbeat_at"])
         return beat is None or _now() - beat > self.stale_after
 

@@ -4,6 +4,7 @@ writes, and a second harvest that waits for the first. SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import threading
@@ -16,6 +17,7 @@ import pytest
 from oaipmh_dagster.demo.dataset import make_dataset
 from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.harvest import Progress, harvest
+from oaipmh_dagster.lease import holder_id, process_start
 from oaipmh_dagster.oai import ClientOptions
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.rows import retransform, write_page
@@ -62,6 +64,30 @@ def test_live_holder_on_this_host_keeps_its_lease_despite_an_old_heartbeat(store
     assert store.state("h")["run_id"] == "run1"
     # The orchestrator saying the run finished is proof enough.
     Store(store.engine).acquire("h", "run2", wait=False, is_stale=lambda run: run == "run1")
+    assert store.state("h")["run_id"] == "run2"
+
+
+@pytest.mark.skipif(process_start(os.getpid()) is None,
+                    reason="process start times come from /proc (Linux)")
+def test_a_holder_whose_pid_was_reused_is_dead(store: Store) -> None:
+    """A dead holder's PID taken by a later process on the same host: the start time
+    recorded with the PID tells them apart, so the lease is taken over instead of
+    waited for until the orchestrator gives up on the run."""
+    store.acquire("h", "run1")
+    assert store.state("h")["holder"] == holder_id()
+    assert holder_id().endswith(f":{os.getpid()}@{process_start(os.getpid())}")
+    other = os.getppid()  # alive, and not the holder
+    host = socket.gethostname()
+    _set_state(store, holder=f"{host}:{other}@{process_start(other)}",
+               heartbeat_at=_ago(hours=2))
+    with pytest.raises(HarvestInProgress):  # that very process: alive
+        Store(store.engine).acquire("h", "run2", wait=False)
+    _set_state(store, holder=f"{host}:{other}")  # recorded before start times were
+    with pytest.raises(HarvestInProgress):
+        Store(store.engine).acquire("h", "run2", wait=False)
+    boot, _, ticks = process_start(other).partition(".")  # type: ignore[union-attr]
+    _set_state(store, holder=f"{host}:{other}@{boot}.{int(ticks) + 1}")  # PID reused
+    Store(store.engine).acquire("h", "run2", wait=False)
     assert store.state("h")["run_id"] == "run2"
 
 

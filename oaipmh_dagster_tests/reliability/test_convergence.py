@@ -283,7 +283,7 @@ class Rounds:
         assert child.returncode == -signal.SIGKILL, output
         state = self.store.state(HID)
         assert (state["status"], state["run_id"]) == ("running", f"killed-{r}"), state
-        assert state["holder"].endswith(f":{child.pid}")
+        assert state["holder"].rpartition(":")[2].partition("@")[0] == str(child.pid)
         return "killed"
 
     # -- checks ------------------------------------------------------------------------
