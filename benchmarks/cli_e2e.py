@@ -87,13 +87,13 @@ def _run_cli(b: Bench, db_url: str, url: str, home: Path, tag: str,
     return {"seconds": wall, "cpu": cpu, **stored}
 
 
-def ceiling(sickle_seconds: float, floor: dict[str, float], run: dict[str, float],
+def ceiling(sickle_seconds: float, floor: dict[str, float], run_cpu: float,
             cores: int) -> float:
-    """The best ratio to Sickle a run could reach on `cores` cores if everything it did
-    after the floor (the floor's CPU subtracted from its own) ran perfectly in parallel,
-    the floor staying serial. Optimistic: the CPU of the page server and of a database
-    server, which share the same cores, is not counted."""
-    rest = max(0.0, run["cpu"] - floor["cpu"])
+    """The best ratio to Sickle a run of `run_cpu` CPU seconds could reach on `cores`
+    cores if everything it did after the floor (the floor's CPU subtracted) ran
+    perfectly in parallel, the floor staying serial. Optimistic: the CPU of the page
+    server and of a database server, which share the same cores, is not counted."""
+    rest = max(0.0, run_cpu - floor["cpu"])
     return sickle_seconds / (floor["seconds"] + rest / max(1, cores))
 
 
@@ -194,11 +194,9 @@ def _rows(b: Bench, n: int, runs: dict[str, list[dict[str, Any]]],
                 bound = ""
                 if floor_run is not None and all("cpu" in r for r in results):
                     cores = os.cpu_count() or 1
-                    median = {"seconds": statistics.median(r["seconds"] for r in results),
-                              "cpu": statistics.median(r["cpu"] for r in results)}
-                    values["ceiling"] = ceiling(n / sickle, floor_run, median, cores)
-                    values["cpu"] = median["cpu"]
-                    bound = (f"; {median['cpu']:.1f} CPU s, so at best "
+                    values["cpu"] = statistics.median(r["cpu"] for r in results)
+                    values["ceiling"] = ceiling(n / sickle, floor_run, values["cpu"], cores)
+                    bound = (f"; {values['cpu']:.1f} CPU s, so at best "
                              f"{values['ceiling']:.2f}x with all of it after the floor "
                              f"spread over {cores} cores")
                 row = Row("7", label, _fmt_rate(rate),

@@ -16,6 +16,7 @@ writes at a time.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -95,6 +96,7 @@ def _stamp(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if value else "-"
 
 
+@functools.cache
 def _boot_id() -> str:
     """This machine's boot (Linux), or '' where unknown."""
     try:
@@ -136,7 +138,7 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-def holder_alive(pid: int, start: str | None) -> bool:
+def _holder_alive(pid: int, start: str | None) -> bool:
     """Whether the holder process `pid` (started at `start`, when recorded) still runs:
     a live process with that PID that started at another time is not the holder (its
     PID was reused)."""
@@ -320,7 +322,7 @@ class Leases:
         if is_stale is not None and is_stale(row["run_id"]):
             return True  # the orchestrator says its run has finished
         if host == socket.gethostname() and pid.isdigit():
-            return not holder_alive(int(pid), start or None)
+            return not _holder_alive(int(pid), start or None)
         beat = _aware(row["heartbeat_at"])
         return beat is None or _now() - beat > self.stale_after
 
