@@ -13,9 +13,13 @@
 # and set DAGSTER_PG_* and OAIPMH_DATABASE_URL: see deploy/README.md.
 FROM python:3.12-slim
 
+# OAIPMH_REQUIRE_DATABASE_URL: without OAIPMH_DATABASE_URL the code location fails to
+# load (its error names the variable) instead of keeping the registry in a SQLite file
+# inside the container.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    DAGSTER_HOME=/opt/dagster/dagster_home
+    DAGSTER_HOME=/opt/dagster/dagster_home \
+    OAIPMH_REQUIRE_DATABASE_URL=1
 
 ARG EXTRAS=""
 

@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
+# The runtime set alone (what `make demo` needs): the dev extra (test tools, the
+# deploy files' run launchers, a browser driver) is for `make test`.
+RUNTIME_STAMP := $(VENV)/.installed
 DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export DAGSTER_HOME
 # `make demo PORT=3001 OAI_PORT=8766`: the Dagster UI's and the demo endpoint's ports.
@@ -11,10 +14,17 @@ OAI_PORT ?= 8765
 
 .PHONY: test demo bench lint install clean chromium
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@ $(RUNTIME_STAMP)
+
+# A venv set up by `make test` already holds the runtime set.
+$(RUNTIME_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
 install: $(STAMP)
@@ -35,7 +45,7 @@ test: $(STAMP) chromium
 	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/dg check defs
 	$(BIN)/python -m pytest
 
-demo: $(STAMP)
+demo: $(RUNTIME_STAMP)
 	mkdir -p $(DAGSTER_HOME)
 	$(BIN)/oaipmh-dagster demo --port $(PORT) --oai-port $(OAI_PORT)
 

@@ -307,18 +307,30 @@ def _confirm(question: str) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
+def _no_database_yet() -> bool:
+    """Whether the default SQLite file does not exist: a read finds nothing there, and
+    must not create it (a command run from another folder would leave a new one)."""
+    path = db.default_sqlite_path()
+    return path is not None and not path.exists()
+
+
 @harvester.command("list")
 @click.option("--json", "as_json", is_flag=True, help="A JSON list of harvester objects, "
               "each with a `state`: {schedule, last_run, since}.")
-def harvester_list(as_json: bool) -> None:
+@click.option("--verbose", "-v", "where", is_flag=True, help="First say which database "
+              "and Dagster instance are read.")
+def harvester_list(as_json: bool, where: bool) -> None:
     """List harvesters: the schedule's state in the Dagster instance ("no cron", "on",
     "off"), the last run and the since the next run would use."""
     from oaipmh_dagster.dagster_parts.harvester_state import harvester_states
 
-    rows = _registry().list_rows()
+    if where and not as_json:
+        click.echo(f"reading {db.where()}")
+    rows = [] if _no_database_yet() else _registry().list_rows()
     if not rows:
-        click.echo("[]" if as_json else
-                   "no harvesters (add one with `oaipmh-dagster harvester add`)")
+        click.echo("[]" if as_json else f"no harvesters in {db.where()} (add one with "
+                   "`oaipmh-dagster harvester add`, or point DAGSTER_HOME or "
+                   "OAIPMH_DATABASE_URL at the database that holds them)")
         return
     states = harvester_states(_instance(), [r for r in rows if isinstance(r, Harvester)])
     if as_json:
@@ -346,10 +358,7 @@ def harvester_list(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="The harvester as a JSON object.")
 def harvester_show(harvester_id: str, as_json: bool) -> None:
     """Show one harvester."""
-    try:
-        h = _registry().get(harvester_id)
-    except HarvesterNotFound as exc:
-        raise Failure(str(exc)) from exc
+    h = _harvester(harvester_id)
     data = h.to_dict()
     data["since"] = _since_report(h)
     if as_json:
@@ -374,11 +383,18 @@ def since() -> None:
     """Show and steer where each harvester's next incremental harvest starts."""
 
 
+def _not_found(exc: HarvesterNotFound) -> Failure:
+    """The error for an unknown harvester, naming the database and instance read."""
+    return Failure(f"{exc} in {db.where()}")
+
+
 def _harvester(harvester_id: str) -> Harvester:
+    if _no_database_yet():
+        raise _not_found(HarvesterNotFound(f"no harvester {harvester_id!r}"))
     try:
         return _registry().get(harvester_id)
     except HarvesterNotFound as exc:
-        raise Failure(str(exc)) from exc
+        raise _not_found(exc) from exc
 
 
 @since.command("show")
@@ -467,10 +483,7 @@ def harvest(harvester_id: str, since: str | None, until: str | None, full: bool,
     if reconcile and (oai_ids or until or sets):
         raise UsageProblem("--reconcile compares the harvester's whole selection: it cannot "
                            "be combined with --oai-id, --until or --set")
-    try:
-        _registry().get(harvester_id)
-    except HarvesterNotFound as exc:
-        raise Failure(str(exc)) from exc
+    _harvester(harvester_id)
     from oaipmh_dagster.cli_runner import run_harvest_job
 
     config: dict[str, Any] = {"full": full, "resume": not no_resume}

@@ -15,6 +15,9 @@ from oaipmh_dagster.errors import OAIPMHDagsterError
 log = logging.getLogger(__name__)
 
 DATABASE_URL_ENV = "OAIPMH_DATABASE_URL"
+# Set in deployment images: a missing $OAIPMH_DATABASE_URL is an error there, never a
+# SQLite file that a container forgets on restart.
+REQUIRE_URL_ENV = "OAIPMH_REQUIRE_DATABASE_URL"
 VERSION_TABLE = "oaipmh_alembic_version"  # not Dagster's own `alembic_version`
 # The newest revision under migrations/versions (a test holds it to alembic's head).
 HEAD_REVISION = "0006"
@@ -37,14 +40,40 @@ def dagster_home() -> Path:
     return Path(os.environ.get("DAGSTER_HOME") or ".dagster_home").resolve()
 
 
+def _url_from_env() -> str:
+    return os.environ.get(DATABASE_URL_ENV, "").strip()
+
+
+def default_sqlite_path() -> Path | None:
+    """The SQLite file used when `$OAIPMH_DATABASE_URL` is unset (None when it is set)."""
+    return None if _url_from_env() else dagster_home() / "oaipmh.sqlite"
+
+
 def database_url() -> str:
-    """`$OAIPMH_DATABASE_URL`, or a SQLite file under the Dagster home."""
-    url = os.environ.get(DATABASE_URL_ENV, "").strip()
+    """`$OAIPMH_DATABASE_URL`, or a SQLite file under the Dagster home (an error where
+    `$OAIPMH_REQUIRE_DATABASE_URL` is set, as in the deployment image)."""
+    url = _url_from_env()
     if url:
         return url
+    if os.environ.get(REQUIRE_URL_ENV, "").strip() not in ("", "0"):
+        raise DatabaseUnavailable(
+            f"${DATABASE_URL_ENV} is not set, and ${REQUIRE_URL_ENV} forbids the SQLite "
+            f"fallback: set {DATABASE_URL_ENV} to the registry's database (see "
+            "deploy/README.md)")
     home = dagster_home()
     home.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{home / 'oaipmh.sqlite'}"
+
+
+def where() -> str:
+    """Which database and Dagster instance this process reads, for messages that find
+    nothing: a command run from another folder reads another `./.dagster_home`."""
+    home = dagster_home()
+    unset = "" if os.environ.get("DAGSTER_HOME") else (
+        " ($DAGSTER_HOME is not set: ./.dagster_home of the working directory)")
+    url = _url_from_env()
+    database = redact(url) if url else str(home / "oaipmh.sqlite")
+    return f"database {database}, Dagster instance {home}{unset}"
 
 
 def redact(url: str) -> str:
