@@ -146,6 +146,17 @@ def test_demo_prints_the_ui_line_after_it_answers(
     assert line[0] >= answered[0]
 
 
+def test_dagster_dev_tells_its_runs_the_ui_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make demo PORT=3111`: manage_harvesters in its runs reloads that webserver, not
+    the default :3000 (nor one named by a variable left in the shell)."""
+    from oaipmh_dagster.reload import WEBSERVER_ENV
+
+    monkeypatch.setenv(WEBSERVER_ENV, "http://127.0.0.1:3000")
+    env = demo_run.dagster_dev_env(3111)
+    assert env[WEBSERVER_ENV] == "http://127.0.0.1:3111"
+    assert env["DAGSTER_HOME"] == os.environ["DAGSTER_HOME"]
+
+
 def test_dagster_dev_runs_in_the_dagster_home(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO_ROOT)

@@ -120,12 +120,18 @@ def dagster_dev_command(port: int, home: Path) -> tuple[list[str], Path]:
     return cmd, home
 
 
+def dagster_dev_env(port: int) -> dict[str, str]:
+    """The environment of `dagster dev` and so of its runs: `manage_harvesters` and the
+    alerts' links reach this UI, on whatever port it was given."""
+    return {**os.environ, "OAIPMH_DAGSTER_WEBSERVER": f"http://127.0.0.1:{port}"}
+
+
 def _dagster_dev(port: int, home: Path) -> subprocess.Popen:
     cmd, cwd = dagster_dev_command(port, home)
     # Default signal handlers in the child: a shell that backgrounds us may have set
     # SIGINT/SIGTERM to ignored, and dagster dev would inherit that.
-    return subprocess.Popen(cmd, cwd=cwd, start_new_session=True,  # noqa: PLW1509
-                            preexec_fn=_default_signals)
+    return subprocess.Popen(cmd, cwd=cwd, env=dagster_dev_env(port),  # noqa: PLW1509
+                            start_new_session=True, preexec_fn=_default_signals)
 
 
 def _default_signals() -> None:
