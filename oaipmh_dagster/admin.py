@@ -25,6 +25,7 @@ from oaipmh_dagster.registry import (
     validate_timezone,
     validate_url,
 )
+from oaipmh_dagster.words import count
 
 __all__ = ["HTTP_FIELDS", "AdminError", "Change", "InstanceSide", "Line", "add_harvester",
            "remove_harvester", "resolve_schema", "update_harvester"]
@@ -388,7 +389,7 @@ def remove_harvester(
         from oaipmh_dagster.store import Store
 
         n = Store(registry.engine).delete_harvester_records(harvester_id)
-        change.say(f"deleted {n} records of {harvester_id}")
+        change.say(f"deleted {count(n, 'record')} of {harvester_id}")
     change.say(f"removed harvester {harvester_id}")
     if reload:
         _reload(change, location)

@@ -26,6 +26,7 @@ from oaipmh_dagster.registry import (
     validate_url,
 )
 from oaipmh_dagster.shards import DEFAULT_LOCATION, MAX_SHARDS
+from oaipmh_dagster.words import count, datestamp, human
 
 
 class UsageProblem(click.ClickException):
@@ -350,7 +351,8 @@ def harvester_list(as_json: bool, where: bool) -> None:
                       f"{last['status']} {last['at']}" if last else "-",
                       state["since"] or "full next", r.transformer, r.schema or "-"])
     click.echo(tabulate(table, headers=["id", "url", "prefix", "sets", "cron", "schedule",
-                                        "last run", "since", "transformer", "validate"]))
+                                        "last run", "since", "transformer", "validate"],
+                        disable_numparse=True))
 
 
 @harvester.command("show")
@@ -366,7 +368,7 @@ def harvester_show(harvester_id: str, as_json: bool) -> None:
         return
     for key, value in data.items():
         if key != "since":
-            click.echo(f"{key:>16}: {value if value not in (None, '', []) else '-'}")
+            click.echo(f"{key:>16}: {human(value)}")
     click.echo(f"{'job/schedule':>16}: {h.job_name}")
     click.echo(f"{'next run':>16}: {data['since']['next_run']}")
 
@@ -613,12 +615,13 @@ def _print_records(items: Any) -> None:
             title = title[0] if title else ""
         if isinstance(title, dict):
             title = title.get("title", "")
-        rows.append([item["oai_identifier"], item["datestamp"],
+        rows.append([item["oai_identifier"], datestamp(item["datestamp"]),
                      "deleted" if item["deleted"] else "live", ",".join(item["sets"]),
                      str(title)[:60],
                      "; ".join(e.get("message", "")[:60] for e in item["errors"])])
     click.echo(tabulate(rows, headers=["oai_identifier", "datestamp", "status", "sets",
-                                       "title", "errors"]) if rows else "no records")
+                                       "title", "errors"], disable_numparse=True)
+               if rows else "no records")
 
 
 @cli.command()
@@ -681,7 +684,8 @@ def export(harvester_id: str, fmt: str, output: str) -> None:
         raise UsageProblem(str(exc)) from exc
     except ExportError as exc:
         raise Failure(str(exc)) from exc
-    click.echo(f"wrote {n} records of {harvester_id} to {output}", err=output == STDOUT)
+    click.echo(f"wrote {count(n, 'record')} of {harvester_id} to {output}",
+               err=output == STDOUT)
 
 
 @cli.command()

@@ -41,7 +41,8 @@ def _page_printer(stream: TextIO, interactive: bool) -> Callable[[Progress], Non
         if interactive or now - last[0] >= 5 or event.token is None:
             last[0] = now
             total = f"/{event.complete_list_size}" if event.complete_list_size else ""
-            line = (f"page {event.pages}: {event.records}{total} records, "
+            noun = "record" if event.records == 1 and not total else "records"
+            line = (f"page {event.pages}: {event.records}{total} {noun}, "
                     f"{event.rate:.0f} records/s")
             stream.write(("\r\033[K" + line) if interactive else line + "\n")
             stream.flush()

@@ -167,6 +167,7 @@ def _write_csv(store: Store, harvester_id: str, fh: BinaryIO) -> int:
     frames = [pd.DataFrame([flatten(i) for i in b]) for b in _batches(store, harvester_id)]
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["oai_identifier", "datestamp", "deleted", "sets", "errors"])
+    frame = _csv_booleans(frame)
     text = io.TextIOWrapper(fh, encoding="utf-8", newline="", write_through=True)
     try:
         frame.to_csv(text, index=False)
@@ -174,6 +175,15 @@ def _write_csv(store: Store, harvester_id: str, fh: BinaryIO) -> int:
     finally:
         text.detach()
     return len(frame)
+
+
+def _csv_booleans(frame: Any) -> Any:
+    """Flags as `true`/`false` (pandas writes Python's `True`/`False`); numbers stay."""
+    for column in frame.columns:
+        if frame[column].dtype == bool or frame[column].dtype == object:
+            frame[column] = frame[column].map(
+                lambda v: ("true" if v else "false") if isinstance(v, bool) else v)
+    return frame
 
 
 def parquet_schema() -> Any:

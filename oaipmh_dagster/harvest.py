@@ -51,6 +51,7 @@ from oaipmh_dagster.rows import (
 from oaipmh_dagster.store import Store
 from oaipmh_dagster.transform import get_transformer, transform_element, transform_record
 from oaipmh_dagster.windows import WindowState
+from oaipmh_dagster.words import count
 
 __all__ = ["CredentialsError", "HarvestError", "HarvestStats", "Listener", "Progress",
            "RunOptions",
@@ -142,10 +143,10 @@ class HarvestStats:
     def summary(self) -> str:
         """One line for logs and the CLI."""
         return (
-            f"{self.harvester_id}: {self.records} records ({self.new} new, {self.updated} "
-            f"updated, {self.deleted} deleted, {self.unchanged} unchanged, {self.failed} "
-            f"failed) in {_n(self.pages, 'page')}, {_n(self.requests, 'request')}, "
-            f"{_n(self.retries, 'retry', 'retries')}, "
+            f"{self.harvester_id}: {count(self.records, 'record')} ({self.new} new, "
+            f"{self.updated} updated, {self.deleted} deleted, {self.unchanged} unchanged, {self.failed} "
+            f"failed) in {count(self.pages, 'page')}, {count(self.requests, 'request')}, "
+            f"{count(self.retries, 'retry', 'retries')}, "
             f"{self.bytes / 1e6:.1f} MB, {self.duration:.1f} s "
             f"({self.records_per_second:.0f} records/s); since={self.since or '-'} "
             f"until={self.until or '-'} response_date={self.response_date}"
@@ -195,10 +196,6 @@ class ListTally:
         if received >= self.announced:
             return None
         return {"set": self.set_spec, "announced": self.announced, "received": received}
-
-
-def _n(count: int, one: str, many: str | None = None) -> str:
-    return f"{count} {one if count == 1 else (many or one + 's')}"
 
 
 @dataclass(frozen=True)

@@ -223,7 +223,8 @@ def run_demo(
                    f"{invalid} whose oai_dc the oai_dc schema rejects)")
         registry = Registry(db.get_engine())
         for h in register_demo_harvesters(server.base_url, registry):
-            click.echo(f"harvester {h.id}: {h.metadata_prefix} {list(h.sets) or 'all sets'}")
+            sets = f"set {', '.join(h.sets)}" if h.sets else "all sets"
+            click.echo(f"harvester {h.id}: {h.metadata_prefix}, {sets}")
         instance = instance_factory()
         for harvester in demo_harvesters(server.base_url):
             ok, message = run_harvest_job(instance, harvester.id, {}, registry)
