@@ -187,7 +187,8 @@ def _http_options(f):  # noqa: ANN001, ANN202 - click decorator plumbing
         click.option("--max-parallel", type=int, help="Parallel requests to the host (1)."),
         click.option("--max-retries", type=int, help="Retries per request (5)."),
         click.option("--auth-env", help="Name of the environment variable that holds "
-                     "'user:password' or 'Bearer <token>' for this endpoint."),
+                     "'user:password' or 'Bearer <token>' for this endpoint; it must "
+                     "start with OAIPMH_AUTH_."),
         click.option("--overlap", type=click.IntRange(min=0), help="Seconds to ask before "
                      "the remembered since (default: one day at day granularity, "
                      "5 minutes at seconds granularity)."),

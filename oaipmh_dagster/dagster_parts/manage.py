@@ -77,7 +77,8 @@ class ManageConfig(dg.Config):
     max_retries: int | None = Field(default=None, description="Retries per request (add: "
                                     "5).")
     auth_env: str | None = Field(default=None, description="Name of the environment "
-                                 "variable that holds 'user:password' or 'Bearer <token>'.")
+                                 "variable that holds 'user:password' or 'Bearer <token>'; "
+                                 "it must start with OAIPMH_AUTH_.")
     overlap: int | None = Field(default=None, description="Seconds to ask before the "
                                 "remembered since (add: one day at day granularity, 5 "
                                 "minutes at seconds granularity).")
