@@ -223,8 +223,9 @@ def _validate_option(f):  # noqa: ANN001, ANN202 - click decorator plumbing
 @click.option("--enabled/--disabled", default=True, help="Schedule running by default.")
 @click.option("--name", help="Display name.")
 @click.option("--transformer", help="Built-in transformer, xslt:PATH[?name=value&...] (an "
-              "XSLT stylesheet, path made absolute) or package.module:function "
-              "(default by prefix).")
+              "XSLT stylesheet, path made absolute), a plugin's entry-point name or "
+              "package.module:function with the module listed in "
+              "$OAIPMH_TRANSFORMER_MODULES (default by prefix).")
 @click.option("--no-check", is_flag=True, help="Do not probe the endpoint.")
 @_validate_option
 @_http_options
@@ -251,8 +252,9 @@ def harvester_add(harvester_id: str, url: str, prefix: str, sets: tuple[str, ...
 @click.option("--timezone", help="Timezone of the cron.")
 @click.option("--enabled/--disabled", default=None, help="Schedule running by default.")
 @click.option("--name", help="Display name.")
-@click.option("--transformer", help="Built-in transformer, xslt:PATH[?name=value&...] or "
-              "package.module:function.")
+@click.option("--transformer", help="Built-in transformer, xslt:PATH[?name=value&...], a "
+              "plugin's entry-point name or package.module:function (module listed in "
+              "$OAIPMH_TRANSFORMER_MODULES).")
 @click.option("--no-check", is_flag=True, help="Do not probe the endpoint.")
 @_validate_option
 @click.option("--no-validate", is_flag=True, help="Stop validating records (their schema "

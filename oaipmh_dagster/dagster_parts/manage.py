@@ -66,8 +66,10 @@ class ManageConfig(dg.Config):
                              "repository's name from Identify).")
     transformer: str | None = Field(default=None, description="Built-in transformer, "
                                     "xslt:PATH[?name=value&...] (an XSLT stylesheet on the "
-                                    "code server's filesystem) or package.module:function "
-                                    "(add: by prefix).")
+                                    "code server's filesystem), a plugin's entry-point name "
+                                    "(group oaipmh_dagster.transformers) or "
+                                    "package.module:function with the module listed in "
+                                    "$OAIPMH_TRANSFORMER_MODULES (add: by prefix).")
     timeout: float | None = Field(default=None, description="Read timeout per request, "
                                   "seconds (add: 60).")
     delay: float | None = Field(default=None, description="Minimum seconds between requests "
