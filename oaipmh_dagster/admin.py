@@ -92,7 +92,7 @@ def _check_transformer(name: str) -> None:
     try:
         get_transformer(name)
     except TransformError as exc:
-        if xslt.is_xslt(name):  # the message names the file and libxslt's error
+        if xslt.is_xslt(name) or exc.type == "bad_plugin":  # the message says it all
             raise AdminError(f"transformer refused: {exc.message}", usage=True) from exc
         raise AdminError(f"unknown transformer {name!r}: {exc}", usage=True) from exc
     except Exception as exc:  # noqa: BLE001 - any failure to load is bad input

@@ -188,7 +188,8 @@ def _http_options(f):  # noqa: ANN001, ANN202 - click decorator plumbing
         click.option("--max-parallel", type=int, help="Parallel requests to the host (1)."),
         click.option("--max-retries", type=int, help="Retries per request (5)."),
         click.option("--auth-env", help="Name of the environment variable that holds "
-                     "'user:password' or 'Bearer <token>' for this endpoint."),
+                     "'user:password' or 'Bearer <token>' for this endpoint; it must "
+                     "start with OAIPMH_AUTH_."),
         click.option("--overlap", type=click.IntRange(min=0), help="Seconds to ask before "
                      "the remembered since (default: one day at day granularity, "
                      "5 minutes at seconds granularity)."),
@@ -223,8 +224,9 @@ def _validate_option(f):  # noqa: ANN001, ANN202 - click decorator plumbing
 @click.option("--enabled/--disabled", default=True, help="Schedule running by default.")
 @click.option("--name", help="Display name.")
 @click.option("--transformer", help="Built-in transformer, xslt:PATH[?name=value&...] (an "
-              "XSLT stylesheet, path made absolute) or package.module:function "
-              "(default by prefix).")
+              "XSLT stylesheet, path made absolute), a plugin's entry-point name or "
+              "package.module:function with the module listed in "
+              "$OAIPMH_TRANSFORMER_MODULES (default by prefix).")
 @click.option("--no-check", is_flag=True, help="Do not probe the endpoint.")
 @_validate_option
 @_http_options
@@ -251,8 +253,9 @@ def harvester_add(harvester_id: str, url: str, prefix: str, sets: tuple[str, ...
 @click.option("--timezone", help="Timezone of the cron.")
 @click.option("--enabled/--disabled", default=None, help="Schedule running by default.")
 @click.option("--name", help="Display name.")
-@click.option("--transformer", help="Built-in transformer, xslt:PATH[?name=value&...] or "
-              "package.module:function.")
+@click.option("--transformer", help="Built-in transformer, xslt:PATH[?name=value&...], a "
+              "plugin's entry-point name or package.module:function (module listed in "
+              "$OAIPMH_TRANSFORMER_MODULES).")
 @click.option("--no-check", is_flag=True, help="Do not probe the endpoint.")
 @_validate_option
 @click.option("--no-validate", is_flag=True, help="Stop validating records (their schema "

@@ -39,7 +39,12 @@ from oaipmh_dagster.plan import (
     make_plan,
     validate,
 )
-from oaipmh_dagster.registry import Harvester
+from oaipmh_dagster.registry import (
+    AUTH_ENV_PREFIX,
+    AUTH_ENV_RULE,
+    Harvester,
+    auth_env_allowed,
+)
 from oaipmh_dagster.rows import (
     Counts,
     PreparedPage,
@@ -227,9 +232,17 @@ SinceAfterLease = Callable[[], tuple[str | None, bool, bool]]
 def credentials(h: Harvester) -> dict[str, Any]:
     """Client auth options from the environment variable the row names.
 
-    The variable holds `user:password` (HTTP basic) or `Bearer <token>`."""
+    The variable holds `user:password` (HTTP basic) or `Bearer <token>`. Only a variable
+    of the `OAIPMH_AUTH_` namespace is read: a row naming any other (written before the
+    rule, or edited by hand) fails here, before any request."""
     if not h.auth_env:
         return {}
+    if not auth_env_allowed(h.auth_env):
+        raise CredentialsError(
+            f"harvester {h.id!r}: credentials are not read from ${h.auth_env}: "
+            f"{AUTH_ENV_RULE}; nothing was sent (fix it with `oaipmh-dagster harvester "
+            f"update {h.id} --auth-env {AUTH_ENV_PREFIX}...`)"
+        )
     value = os.environ.get(h.auth_env)
     if not value:
         raise CredentialsError(

@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,6 +29,11 @@ TRANSFORMER_PATTERN = re.compile(
     r"^([a-z0-9_]+|[A-Za-z_][\w.]*:[A-Za-z_]\w*|xslt:[^\x00-\x1f\x7f?][^\x00-\x1f\x7f]*)$"
 )
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Endpoint credentials come only from variables of this namespace, never from any other
+# variable of the worker (the database URL's, say): contract.
+AUTH_ENV_PREFIX = "OAIPMH_AUTH_"
+AUTH_ENV_RULE = (f"the variable's name must start with {AUTH_ENV_PREFIX} "
+                 f"(for example {AUTH_ENV_PREFIX}ZENODO)")
 # Column sizes, checked at input so a value never fails at the database.
 MAX_URL = 2048
 MAX_SHORT = 255
@@ -116,7 +121,7 @@ class Harvester:
     delay: float = 0.0
     max_parallel: int = 1
     max_retries: int = 5
-    auth_env: str | None = None
+    auth_env: str | None = None  # a variable of the AUTH_ENV_PREFIX namespace
     # Seconds to ask before since (None: one granule at day granularity, OVERLAP_SECONDS
     # at seconds granularity), so records whose datestamps trail the server's clock are
     # still asked for.
@@ -129,14 +134,18 @@ class Harvester:
     schema: str | None = None
     created: datetime | None = field(default=None, compare=False)
     updated: datetime | None = field(default=None, compare=False)
+    # Read back from storage: an auth_env outside the namespace (a row written before the
+    # rule, or edited by hand) is let through so the row can be shown and repaired; the
+    # harvest refuses it before any request. Any change (`replace`) validates in full.
+    stored: InitVar[bool] = False
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, stored: bool) -> None:
         object.__setattr__(self, "sets", tuple(self.sets))
         if not self.transformer:
             object.__setattr__(self, "transformer", default_transformer(self.metadata_prefix))
         if not self.name:
             object.__setattr__(self, "name", self.id)
-        validate(self)
+        validate(self, stored=stored)
 
     @property
     def job_name(self) -> str:
@@ -175,7 +184,7 @@ class Harvester:
         if isinstance(sets, str):
             raise InvalidHarvester(f"sets must be a list of set specs, not {sets!r}")
         values["sets"] = tuple(sets)
-        return cls(**values)
+        return cls(**values, stored=True)
 
 
 def validate_id(value: str) -> str:
@@ -297,8 +306,34 @@ def validate_schema(value: str | None) -> str | None:
     return value
 
 
-def validate(h: Harvester) -> None:
-    """Validate every field of `h`; raise `InvalidHarvester` naming the first bad one."""
+def validate_auth_env(value: str | None, stored: bool = False) -> str | None:
+    """Check the name of the variable that holds a harvester's credentials: a variable
+    name of the `AUTH_ENV_PREFIX` namespace (`stored`: any variable name, see
+    `Harvester.stored`). The refusal names a plausible variable name, never a value that
+    looks like anything else (a pasted secret)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidHarvester("--auth-env must be the name of an environment variable")
+    if len(value) > MAX_SHORT:
+        raise InvalidHarvester(f"--auth-env name is longer than {MAX_SHORT} characters")
+    if not ENV_NAME_PATTERN.fullmatch(value):
+        raise InvalidHarvester(
+            f"invalid --auth-env: not an environment variable name; {AUTH_ENV_RULE}")
+    if not stored and not auth_env_allowed(value):
+        raise InvalidHarvester(f"--auth-env {value!r} refused: {AUTH_ENV_RULE}")
+    return value
+
+
+def auth_env_allowed(name: str) -> bool:
+    """Whether credentials may be read from the variable `name` (run-time check too)."""
+    return (name.startswith(AUTH_ENV_PREFIX) and len(name) > len(AUTH_ENV_PREFIX)
+            and ENV_NAME_PATTERN.fullmatch(name) is not None)
+
+
+def validate(h: Harvester, stored: bool = False) -> None:
+    """Validate every field of `h`; raise `InvalidHarvester` naming the first bad one
+    (`stored`: a row read back, see `Harvester.stored`)."""
     validate_id(h.id)
     validate_url(h.base_url)
     if len(h.metadata_prefix or "") > MAX_SHORT:
@@ -329,10 +364,7 @@ def validate(h: Harvester) -> None:
         raise InvalidHarvester(f"max_parallel must be in [1, 32], not {h.max_parallel}")
     if not 0 <= h.max_retries <= 50:
         raise InvalidHarvester(f"max_retries must be in [0, 50], not {h.max_retries}")
-    if h.auth_env is not None and len(h.auth_env) > MAX_SHORT:
-        raise InvalidHarvester(f"--auth-env name is longer than {MAX_SHORT} characters")
-    if h.auth_env is not None and not ENV_NAME_PATTERN.fullmatch(h.auth_env):
-        raise InvalidHarvester(f"invalid environment variable name {h.auth_env!r}")
+    validate_auth_env(h.auth_env, stored)
     if h.overlap is not None and (
         isinstance(h.overlap, bool) or not isinstance(h.overlap, int)
         or not 0 <= h.overlap <= MAX_OVERLAP

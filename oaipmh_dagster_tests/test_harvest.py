@@ -105,8 +105,10 @@ def test_oai_ids_fetch_exactly_those(database_url: str, server: OAIServer) -> No
                 options=FAST)
 
 
-def test_transform_failure_is_recorded_and_run_goes_on(database_url: str,
-                                                        server: OAIServer) -> None:
+def test_transform_failure_is_recorded_and_run_goes_on(database_url: str, server: OAIServer,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        ) -> None:
+    monkeypatch.setenv("OAIPMH_TRANSFORMER_MODULES", __name__)  # the plugin's module
     store = Store()
     h = _h(server, transformer="oaipmh_dagster_tests.test_harvest:picky")
     stats = harvest(h, store, run_id="r1", options=FAST)

@@ -182,7 +182,7 @@ def test_numeric_bounds(field: str, good: list, bad: list) -> None:
             make(**{field: value})
 
 
-@pytest.mark.parametrize("good", [None, "OAI_TOKEN", "_x", "a1"])
+@pytest.mark.parametrize("good", [None, "OAIPMH_AUTH_TOKEN", "OAIPMH_AUTH_x", "OAIPMH_AUTH_1"])
 def test_valid_auth_env(good: str | None) -> None:
     assert make(auth_env=good).auth_env == good
 
@@ -210,7 +210,7 @@ def test_to_dict_keys_and_round_trip() -> None:
     when = datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC)
     h = make(sets=["a", "b:c"], cron="0 3 * * *", timezone="Europe/Prague", enabled=False,
              comment="hi", timeout=30.0, delay=1.5, max_parallel=2, max_retries=3,
-             auth_env="TOKEN", created=when, updated=when)
+             auth_env="OAIPMH_AUTH_TOKEN", created=when, updated=when)
     data = h.to_dict()
     assert set(data) == JSON_KEYS
     assert data["sets"] == ["a", "b:c"]

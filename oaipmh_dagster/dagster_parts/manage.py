@@ -66,8 +66,10 @@ class ManageConfig(dg.Config):
                              "repository's name from Identify).")
     transformer: str | None = Field(default=None, description="Built-in transformer, "
                                     "xslt:PATH[?name=value&...] (an XSLT stylesheet on the "
-                                    "code server's filesystem) or package.module:function "
-                                    "(add: by prefix).")
+                                    "code server's filesystem), a plugin's entry-point name "
+                                    "(group oaipmh_dagster.transformers) or "
+                                    "package.module:function with the module listed in "
+                                    "$OAIPMH_TRANSFORMER_MODULES (add: by prefix).")
     timeout: float | None = Field(default=None, description="Read timeout per request, "
                                   "seconds (add: 60).")
     delay: float | None = Field(default=None, description="Minimum seconds between requests "
@@ -77,7 +79,8 @@ class ManageConfig(dg.Config):
     max_retries: int | None = Field(default=None, description="Retries per request (add: "
                                     "5).")
     auth_env: str | None = Field(default=None, description="Name of the environment "
-                                 "variable that holds 'user:password' or 'Bearer <token>'.")
+                                 "variable that holds 'user:password' or 'Bearer <token>'; "
+                                 "it must start with OAIPMH_AUTH_.")
     overlap: int | None = Field(default=None, description="Seconds to ask before the "
                                 "remembered since (add: one day at day granularity, 5 "
                                 "minutes at seconds granularity).")

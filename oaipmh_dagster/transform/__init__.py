@@ -3,15 +3,22 @@
 A transformer is a callable ``(element) -> dict``. It is named by a built-in name
 (``oai_dc``, ``datacite``, ``marc21``/``marcxml``, ``xml``; see
 :func:`available_transformers`), by ``xslt:PATH[?name=value&...]`` (an XSLT
-stylesheet, see :mod:`.xslt`) or by a dotted plugin path ``package.module:function``
-that is imported on first use. :func:`transform_record` parses the metadata bytes
+stylesheet, see :mod:`.xslt`), by the name of an entry point of the group
+``oaipmh_dagster.transformers`` that an installed distribution declares, or by a
+dotted plugin path ``package.module:function`` whose module the operator lists in
+``$OAIPMH_TRANSFORMER_MODULES`` (read where the transformer is resolved: the command,
+the code server, the run worker). Both are loaded on first use; any other plugin path is
+refused before anything is imported. :func:`transform_record` parses the metadata bytes
 with a hardened parser, applies the transformer and turns every failure into a
 :class:`TransformError` that says what went wrong and where.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.metadata
+import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -26,8 +33,11 @@ from ._util import TransformError, element_path
 __all__ = [
     "Transformer",
     "TransformError",
+    "PLUGIN_GROUP",
+    "PLUGIN_MODULES_ENV",
     "available_transformers",
     "element_path",
+    "forget_plugins",
     "get_transformer",
     "parse_metadata",
     "register_transformer",
@@ -54,10 +64,50 @@ _DOTTED = re.compile(rf"^{_IDENT}(?:\.{_IDENT})*:{_IDENT}(?:\.{_IDENT})*$")
 
 _POSITION_SUFFIX = re.compile(r", line \d+, column \d+$")
 
+# Where plugins may come from (contract): the entry points of this group, and the modules
+# (with their submodules) named in this comma-separated variable.
+PLUGIN_GROUP = "oaipmh_dagster.transformers"
+PLUGIN_MODULES_ENV = "OAIPMH_TRANSFORMER_MODULES"
+
 
 def available_transformers() -> list[str]:
-    """Names accepted by :func:`get_transformer` besides dotted plugin paths."""
-    return sorted(_registry)
+    """Names accepted by :func:`get_transformer` besides dotted plugin paths and
+    ``xslt:`` specs: the built-ins, registered names and declared entry points."""
+    return sorted(set(_registry) | set(_entry_points()))
+
+
+@functools.cache
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    """The transformers installed distributions declare (read once per process)."""
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP)}
+
+
+def forget_plugins() -> None:
+    """Forget loaded plugins and the declared entry points (read again on next use)."""
+    _entry_points.cache_clear()
+    _plugins.clear()
+
+
+def _allowed_modules() -> list[str]:
+    raw = os.environ.get(PLUGIN_MODULES_ENV, "")
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def _module_allowed(module_name: str) -> bool:
+    """Whether the operator lists `module_name` or a package that holds it."""
+    return any(module_name == allowed or module_name.startswith(allowed + ".")
+               for allowed in _allowed_modules())
+
+
+def _refused(name: str) -> TransformError:
+    """The refusal of a plugin path that is not allowed: decided on the name alone, so
+    it says nothing of whether such a module exists."""
+    return TransformError(
+        "bad_plugin",
+        f"plugin transformer {name!r} is not allowed: declare it in the entry-point group "
+        f"{PLUGIN_GROUP} or list its module in ${PLUGIN_MODULES_ENV}",
+        name,
+    )
 
 
 def register_transformer(name: str, fn: Transformer, *, replace: bool = False) -> None:
@@ -75,9 +125,26 @@ def _unknown(name: str) -> TransformError:
     return TransformError(
         "unknown_transformer",
         f"unknown transformer {name!r}: use one of {', '.join(available_transformers())} "
-        ", xslt:PATH or a plugin path 'package.module:function'",
+        f", xslt:PATH or a plugin path 'package.module:function' (its module listed in "
+        f"${PLUGIN_MODULES_ENV})",
         name,
     )
+
+
+def _load_entry_point(ep: importlib.metadata.EntryPoint) -> Transformer:
+    try:
+        obj = ep.load()
+    except Exception as exc:  # a declared plugin that fails while loading
+        raise TransformError(
+            "bad_plugin",
+            f"loading transformer {ep.name!r} ({ep.value}) failed: {type(exc).__name__}: "
+            f"{exc}",
+            ep.name,
+        ) from exc
+    if not callable(obj):
+        raise TransformError("bad_plugin", f"transformer {ep.name!r} is not callable",
+                             ep.name)
+    return obj
 
 
 def _load_plugin(path: str) -> Transformer:
@@ -110,7 +177,9 @@ def _load_plugin(path: str) -> Transformer:
 
 
 def get_transformer(name: str) -> Transformer:
-    """Resolve a built-in name, an ``xslt:`` spec or a ``package.module:function`` path.
+    """Resolve a built-in name, an ``xslt:`` spec, a declared entry point's name or an
+    allowed ``package.module:function`` path (checked on every call: a plugin loaded
+    before is refused once its module is no longer listed).
 
     Raises :class:`TransformError` (a ``ValueError``) with type ``unknown_transformer``,
     ``bad_plugin`` or ``bad_stylesheet`` and a message that says what is wrong.
@@ -125,18 +194,31 @@ def get_transformer(name: str) -> Transformer:
         return fn
     if xslt.is_xslt(key):
         return xslt.get(key)
-    fn = _plugins.get(key)
-    if fn is not None:
-        return fn
     if ":" not in key:
-        raise _unknown(name)
+        return _entry_point_transformer(key, name)
     if not _DOTTED.match(key):
         raise TransformError(
             "bad_plugin",
             f"malformed plugin path {name!r}: expected 'package.module:function'",
             name,
         )
-    fn = _plugins[key] = _load_plugin(key)
+    if not _module_allowed(key.partition(":")[0]):
+        raise _refused(key)
+    fn = _plugins.get(key)
+    if fn is None:
+        fn = _plugins[key] = _load_plugin(key)
+    return fn
+
+
+def _entry_point_transformer(key: str, name: str) -> Transformer:
+    """The transformer an installed distribution declares under `key`."""
+    fn = _plugins.get(key)
+    if fn is not None:
+        return fn
+    ep = _entry_points().get(key)
+    if ep is None:
+        raise _unknown(name)
+    fn = _plugins[key] = _load_entry_point(ep)
     return fn
 
 

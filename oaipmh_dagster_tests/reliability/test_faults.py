@@ -344,10 +344,12 @@ def fragile(element):  # noqa: ANN001, ANN201 - a plugin transformer for the tes
     return {"ok": True}
 
 
-def test_records_breaking_the_transformer(store: Store) -> None:
+def test_records_breaking_the_transformer(store: Store,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Records whose metadata breaks the transformer (it raises, or returns something that is
     not JSON): stored with their raw XML and an error each, counted as failed; every other
     record is transformed; the run succeeds and says so in its stats."""
+    monkeypatch.setenv("OAIPMH_TRANSFORMER_MODULES", __name__)  # the plugin's module
     ds = make_dataset(300, seed=5, deleted_ratio=0.0)
     base = next(iter(ds))
     when = datetime(2025, 1, 1, tzinfo=UTC)

@@ -36,7 +36,7 @@ from oaipmh_dagster_tests.reliability.conftest import harvester as _h
 
 VERBS = ("Identify", "ListMetadataFormats", "ListSets", "ListIdentifiers", "ListRecords",
          "GetRecord")
-AUTH_ENV = "OAIPMH_RELIABILITY_SECRET"
+AUTH_ENV = "OAIPMH_AUTH_RELIABILITY"
 
 
 @pytest.fixture

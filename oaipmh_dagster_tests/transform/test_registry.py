@@ -63,6 +63,13 @@ def returns_set(element: etree._Element) -> dict[str, Any]:
 NOT_CALLABLE = 42
 
 
+@pytest.fixture(autouse=True)
+def _plugins_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator lists this module (and a package that is not installed, for its
+    import error) in $OAIPMH_TRANSFORMER_MODULES, as plugins by path need."""
+    monkeypatch.setenv("OAIPMH_TRANSFORMER_MODULES", f"{HERE}, no_such_package")
+
+
 # --- registry ------------------------------------------------------------------------
 
 
