@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -15,8 +16,9 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from oaipmh_dagster.contracts import op_name
+from oaipmh_dagster.contracts import CHECK_NO_FAILED, op_name
 from oaipmh_dagster.dagster_parts import alerts, webhook
+from oaipmh_dagster.dagster_parts.assets import asset_keys
 from oaipmh_dagster.definitions import build_definitions
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster_tests.helpers import add_harvester
@@ -126,13 +128,15 @@ class Ticks:
     """Evaluates the alert sensor tick after tick as the daemon does (the cursor a tick
     returns is the next tick's), each in a thread whose end is awaited with a bound."""
 
-    def __init__(self, instance: dg.DagsterInstance) -> None:
+    def __init__(self, instance: dg.DagsterInstance,
+                 harvesters: tuple[Harvester, ...] = ()) -> None:
         self.instance = instance
+        self.harvesters = harvesters
         self.cursor: str | None = None
         self.messages: list[str] = []
 
     def tick(self) -> dg.SensorResult | Any:
-        sensor = alerts.build_alert_sensor()
+        sensor = alerts.build_alert_sensor(self.harvesters)
         assert sensor is not None
         out: list[Any] = []
         context = dg.build_sensor_context(instance=self.instance, cursor=self.cursor)
@@ -186,7 +190,8 @@ def test_failed_harvest_is_posted_once(receiver: Receiver, sqlite_url: str,
     assert request["path"] == f"/hooks/{SECRETS[1]}?token={SECRETS[2]}"
     assert request["auth"] is not None and request["auth"].startswith("Basic ")
     body = request["body"]
-    assert set(body) == {"harvester", "job", "run_id", "error", "url"}
+    assert set(body) == {"kind", "harvester", "job", "run_id", "error", "url"}
+    assert body["kind"] == "run_failure"
     assert body["harvester"] == "broken"
     assert body["job"] == "harvest_oaipmh_records_broken"
     assert body["url"] == f"https://dagster.example.org/runs/{run_id}"
@@ -281,3 +286,100 @@ def test_only_this_locations_runs_are_alerted() -> None:
     assert alerts._ours(cli_run, "loc_a", here)
     assert not alerts._ours(cli_run, "loc_b", frozenset({"gamma"}))
     assert alerts._ours(cli_run, None, frozenset())
+
+
+def _freshness(instance: dg.DagsterInstance, hid: str, state: str) -> None:
+    """Record a freshness state change of `hid`'s raw_records as Dagster's freshness
+    daemon does."""
+    from dagster._core.definitions.freshness import FreshnessState, FreshnessStateChange
+
+    instance._report_runless_asset_event(asset_event=FreshnessStateChange(  # noqa: SLF001
+        key=asset_keys(hid)[1], previous_state=FreshnessState.UNKNOWN,
+        new_state=FreshnessState(state), state_change_timestamp=time.time()))
+
+
+def _check(instance: dg.DagsterInstance, hid: str, passed: bool) -> None:
+    """Record an evaluation of `hid`'s no_failed_records check."""
+    instance.report_runless_asset_event(dg.AssetCheckEvaluation(
+        asset_key=asset_keys(hid)[2], check_name=CHECK_NO_FAILED, passed=passed,
+        severity=dg.AssetCheckSeverity.WARN, metadata={"failed_in_store": 0 if passed else 3}))
+
+
+def test_freshness_fail_and_failed_checks_are_posted_once_per_transition(
+        receiver: Receiver, monkeypatch: pytest.MonkeyPatch,
+        instance: dg.DagsterInstance) -> None:
+    """A harvester that turns bad is posted once, however many ticks (or failed check
+    evaluations) it stays bad; again only after it recovered and failed anew. What was
+    bad before the sensor started is not posted."""
+    monkeypatch.setenv(alerts.UI_URL_ENV, "https://dagster.example.org")
+    alpha, beta = (Harvester(id=i, base_url="http://127.0.0.1:9/oai", metadata_prefix="oai_dc")
+                   for i in ("alpha", "beta"))
+    _freshness(instance, "beta", "FAIL")  # before the first tick
+    ticks = Ticks(instance, (alpha, beta))
+    ticks.tick()
+    _freshness(instance, "alpha", "FAIL")
+    _check(instance, "alpha", passed=False)
+    ticks.until_quiet()
+    _check(instance, "alpha", passed=False)  # stays failed: no second message
+    ticks.until_quiet()
+    kinds = sorted(r["body"]["kind"] for r in receiver.requests)
+    assert kinds == ["check_failed", "freshness_fail"]
+    check = next(r["body"] for r in receiver.requests if r["body"]["kind"] == "check_failed")
+    assert check == {"kind": "check_failed", "harvester": "alpha",
+                     "asset": "oaipmh/alpha/records", "check": CHECK_NO_FAILED,
+                     "error": "failed (warn); failed_in_store: 3",
+                     "url": "https://dagster.example.org/assets/oaipmh/alpha/records"
+                            "?view=checks"}
+    fresh = next(r["body"] for r in receiver.requests if r["body"]["kind"] == "freshness_fail")
+    assert fresh["harvester"] == "alpha" and fresh["asset"] == "oaipmh/alpha/raw_records"
+    assert fresh["error"].startswith("freshness FAIL since ")
+    _check(instance, "alpha", passed=True)
+    _freshness(instance, "alpha", "PASS")
+    ticks.until_quiet()
+    assert len(receiver.requests) == 2
+    _check(instance, "alpha", passed=False)
+    _freshness(instance, "alpha", "FAIL")
+    ticks.until_quiet()
+    ticks.until_quiet()
+    again = [r["body"]["kind"] for r in receiver.requests[2:]]
+    assert sorted(again) == ["check_failed", "freshness_fail"]
+    assert all(r["body"]["harvester"] == "alpha" for r in receiver.requests)
+
+
+def _check_in_run(instance: dg.DagsterInstance, hid: str, run_id: str,
+                  passed: bool | None) -> None:
+    """Record, as a run does, the plan of `hid`'s no_failed_records check (`passed` None)
+    or its evaluation."""
+    from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+        AssetCheckEvaluationPlanned,
+    )
+    from dagster._core.events import DagsterEvent, DagsterEventType
+    from dagster._core.events.log import EventLogEntry
+
+    key = asset_keys(hid)[2]
+    data: Any = (AssetCheckEvaluationPlanned(asset_key=key, check_name=CHECK_NO_FAILED)
+                 if passed is None else
+                 dg.AssetCheckEvaluation(asset_key=key, check_name=CHECK_NO_FAILED,
+                                         passed=passed, severity=dg.AssetCheckSeverity.WARN))
+    kind = (DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED if passed is None
+            else DagsterEventType.ASSET_CHECK_EVALUATION)
+    event = DagsterEvent(event_type_value=kind.value, job_name="harvest_oaipmh_records_" + hid,
+                         event_specific_data=data)
+    instance.store_event(EventLogEntry(error_info=None, level=logging.INFO, user_message="",
+                                       run_id=run_id, timestamp=time.time(),
+                                       dagster_event=event))
+
+
+def test_a_check_failing_run_after_run_is_posted_once(
+        receiver: Receiver, instance: dg.DagsterInstance) -> None:
+    """While a run evaluates a check that failed before, the check is planned (its outcome
+    unknown): it stays known as failed, and failing again is no new transition."""
+    alpha = Harvester(id="alpha", base_url="http://127.0.0.1:9/oai", metadata_prefix="oai_dc")
+    ticks = Ticks(instance, (alpha,))
+    ticks.tick()
+    for n in range(3):
+        _check_in_run(instance, "alpha", f"run{n}", None)
+        ticks.until_quiet()
+        _check_in_run(instance, "alpha", f"run{n}", False)
+        ticks.until_quiet()
+    assert [r["body"]["kind"] for r in receiver.requests] == ["check_failed"]
