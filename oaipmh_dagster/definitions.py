@@ -60,7 +60,7 @@ def build_definitions(
         jobs.append(job)
         schedules.append(build_schedule(h, job))
     sensors = [build_since_sensor(harvesters, location_name)]
-    alert = build_alert_sensor()  # only with OAIPMH_ALERT_WEBHOOK set
+    alert = build_alert_sensor(harvesters, location_name)  # only with OAIPMH_ALERT_WEBHOOK
     if alert is not None:
         sensors.append(alert)
     if hosts_manage_job(location_name):  # one per deployment: unsharded, or shard 0
