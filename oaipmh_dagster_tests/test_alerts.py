@@ -383,3 +383,18 @@ def test_a_check_failing_run_after_run_is_posted_once(
         _check_in_run(instance, "alpha", f"run{n}", False)
         ticks.until_quiet()
     assert [r["body"]["kind"] for r in receiver.requests] == ["check_failed"]
+
+
+def test_the_post_goes_through_the_environments_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deployment behind a proxy reaches its webhook through it, as a client would."""
+    from oaipmh_dagster.dagster_parts.webhook import proxy_for
+
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "https_proxy",
+                 "http_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert proxy_for("https://hooks.example.org/x") is None
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example.org:3128")
+    assert proxy_for("https://hooks.example.org/x") == "http://proxy.example.org:3128"
+    assert proxy_for("http://hooks.example.org/x") is None
+    monkeypatch.setenv("NO_PROXY", "hooks.example.org")
+    assert proxy_for("https://hooks.example.org/x") is None

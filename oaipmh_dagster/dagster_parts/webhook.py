@@ -10,13 +10,14 @@ import base64
 import contextlib
 import socket
 import threading
+import urllib.request
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
 import httpx
 
-__all__ = ["Delivery", "origin", "post_json"]
+__all__ = ["Delivery", "origin", "post_json", "proxy_for"]
 
 # After the deadline has shut its sockets, the worker is given this long to end.
 _GRACE = 1.0
@@ -89,12 +90,22 @@ def _request(url: str, payload: dict[str, Any], deadline: float,
                          extensions={"timeout": timeout, "trace": sockets.trace})
 
 
+def proxy_for(url: str) -> str | None:
+    """The proxy the environment names for `url` (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`,
+    minus `NO_PROXY`), as a client would use: the transport alone reads none."""
+    u = httpx.URL(url)
+    if not u.host or urllib.request.proxy_bypass(u.host):
+        return None
+    proxies = urllib.request.getproxies()
+    return proxies.get(u.scheme) or proxies.get("all")
+
+
 def _post(url: str, payload: dict[str, Any], deadline: float, sockets: _Sockets) -> Delivery:
     """The post itself (the worker's part). The transport is used without a client: a
     client logs each request's whole URL. The answer's body is never read."""
     try:
         request = _request(url, payload, deadline, sockets)
-        with httpx.HTTPTransport(retries=0) as transport:
+        with httpx.HTTPTransport(retries=0, proxy=proxy_for(url)) as transport:
             response = transport.handle_request(request)
             response.close()
     except Exception as exc:  # noqa: BLE001 - only the kind: messages may quote the URL
