@@ -84,13 +84,26 @@ class _Worker:
                                  "stylesheets in (sys.executable is empty)")
         self.proc = subprocess.Popen(
             [sys.executable, "-P", "-c", _BOOT, str(_HERE / "_xslt_worker.py")],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
+            # stderr: what a stylesheet makes libxml2 say is not the harvest's to log.
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            close_fds=True,
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.wfd = self.proc.stdin.fileno()
         self.rfd = self.proc.stdout.fileno()
         os.set_blocking(self.wfd, False)
         self.selected: str | None = None
+
+    def peak_memory(self) -> int:
+        """The most address space the process has had, in bytes (0 where unknown)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/status", "rb") as fh:
+                for line in fh:
+                    if line.startswith(b"VmPeak:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        return 0
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -332,8 +345,12 @@ class _Session:
         now = time.monotonic()
         limits = self.batch.job.limits
         if self.clock is not None and now >= self.clock + limits.seconds:
+            memory = ""
+            if self.worker.peak_memory() >= 0.8 * limits.max_memory:
+                memory = (f" after reaching the memory ceiling of {_mib(limits.max_memory)} "
+                          "(xslt.max-memory)")
             self.batch._fail(f"XSLT ran over its time budget of {limits.seconds:g} s "
-                             "(xslt.timeout) and was stopped")
+                             f"(xslt.timeout){memory} and was stopped")
             return True
         if not self.ready and now >= self.started + STARTUP:
             self.batch._fail_rest(f"the stylesheet's worker process did not start within "

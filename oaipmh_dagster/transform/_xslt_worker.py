@@ -218,13 +218,15 @@ class _Child:
 
     def __init__(self) -> None:
         self.parser = record_parser()
+        self.memory = 0  # the address space allowed, bytes
         self.compiled: dict[str, tuple[etree.XSLT, dict[str, Any], int]] = {}
         self.current: tuple[etree.XSLT, dict[str, Any], int] | None = None
 
     def select(self, payload: bytes) -> tuple[bytes, bytes]:
         head, _, source = payload.partition(b"\n")
         spec = json.loads(head)
-        _set_memory(int(spec["max_memory"]))
+        self.memory = int(spec["max_memory"])
+        _set_memory(self.memory)
         key = spec["key"]
         if key not in self.compiled:
             try:
@@ -246,12 +248,31 @@ class _Child:
         try:
             return b"O", apply(xslt, payload, params, max_output, self.parser)
         except Failed as exc:
-            return b"E", _error("transform_failed", str(exc))
+            return self._failure(str(exc))
         except MemoryError:
-            return b"X", _error("transform_failed", "the stylesheet ran out of memory: over "
-                                "the memory ceiling (xslt.max-memory)")
+            return self._failure("MemoryError", memory=True)
         except Exception as exc:  # noqa: BLE001 - one record's failure
-            return b"E", _error("transform_failed", f"{type(exc).__name__}: {exc}")
+            return self._failure(f"{type(exc).__name__}: {exc}")
+
+    def _failure(self, message: str, memory: bool = False) -> tuple[bytes, bytes]:
+        """A failed record's answer: ``X`` (then exit) when it ran out of memory (libxslt
+        tells a failed allocation only as a runtime error)."""
+        if memory or _peak_memory() >= 0.8 * self.memory:
+            return b"X", _error("transform_failed", "XSLT ran over the memory ceiling of "
+                                f"{self.memory / 2**20:g} MiB (xslt.max-memory): {message}")
+        return b"E", _error("transform_failed", message)
+
+
+def _peak_memory() -> int:
+    """The most address space this process has had, in bytes (0 where unknown)."""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"VmPeak:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _set_memory(limit: int) -> None:
