@@ -299,19 +299,23 @@ class _Session:
             self._died()
             return True
         self.inbuf += data
-        while len(self.inbuf) >= wire.HEADER.size:
-            kind, size = wire.HEADER.unpack_from(self.inbuf)
-            if size > self.frame_limit:
-                self.batch._fail(f"the stylesheet's worker sent {size:,} bytes for one "
-                                 "record: refused")
-                return True
-            if len(self.inbuf) < wire.HEADER.size + size:
-                break
-            payload = bytes(self.inbuf[wire.HEADER.size:wire.HEADER.size + size])
-            del self.inbuf[:wire.HEADER.size + size]
-            if self._answer(kind, payload):
-                return True
-        return False
+        at, buf = 0, self.inbuf
+        try:
+            while len(buf) - at >= wire.HEADER.size:
+                kind, size = wire.HEADER.unpack_from(buf, at)
+                if size > self.frame_limit:
+                    self.batch._fail(f"the stylesheet's worker sent {size:,} bytes for one "
+                                     "record: refused")
+                    return True
+                end = at + wire.HEADER.size + size
+                if len(buf) < end:
+                    break
+                payload, at = bytes(buf[at + wire.HEADER.size:end]), end
+                if self._answer(kind, payload):
+                    return True
+            return False
+        finally:
+            del buf[:at]
 
     def _answer(self, kind: bytes, payload: bytes) -> bool:
         """One answer; True when the worker is to be ended."""

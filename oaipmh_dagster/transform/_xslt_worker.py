@@ -178,21 +178,24 @@ class _Input:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.buf = bytearray()
+        self.at = 0  # where the next frame starts in buf
 
     def buffered(self) -> tuple[bytes, bytes] | None:
         """The next frame already read, if any."""
-        if len(self.buf) < HEADER.size:
+        if len(self.buf) - self.at < HEADER.size:
             return None
-        kind, size = HEADER.unpack_from(self.buf)
-        end = HEADER.size + size
+        kind, size = HEADER.unpack_from(self.buf, self.at)
+        end = self.at + HEADER.size + size
         if len(self.buf) < end:
             return None
-        payload = bytes(self.buf[HEADER.size:end])
-        del self.buf[:end]
+        payload = bytes(self.buf[self.at + HEADER.size:end])
+        self.at = end
         return kind, payload
 
     def fill(self) -> bool:
         """Wait for more input; False at its end."""
+        del self.buf[:self.at]
+        self.at = 0
         data = os.read(self.fd, 1 << 20)
         self.buf += data
         return bool(data)
