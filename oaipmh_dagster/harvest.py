@@ -7,6 +7,7 @@ call `harvest()`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -54,7 +55,13 @@ from oaipmh_dagster.rows import (
     prepare_page,
 )
 from oaipmh_dagster.store import Store
-from oaipmh_dagster.transform import get_transformer, transform_element, transform_record
+from oaipmh_dagster.transform import (
+    TransformError,
+    get_transformer,
+    parse_metadata,
+    transform_element,
+    transform_record,
+)
 from oaipmh_dagster.windows import WindowState
 from oaipmh_dagster.words import count
 
@@ -274,17 +281,44 @@ def client_options(h: Harvester, **overrides: Any) -> ClientOptions:
     return ClientOptions(**values)
 
 
-def make_transform(name: str) -> Callable[[str, Any], dict[str, Any]]:
-    """The store's transform function for a transformer name or dotted path: it uses the
-    element the page parse already built, and parses the raw XML only without one."""
-    fn = get_transformer(name)
+class _Transform:
+    """The store's transform function of a transformer: it uses the element the page
+    parse already built, and parses the raw XML only without one. `many` (a page at
+    once) is there for transformers that take batches (``xslt:``)."""
 
-    def apply(raw: str, element: Any = None) -> dict[str, Any]:
+    def __init__(self, name: str) -> None:
+        self.fn = get_transformer(name)
+        batch = getattr(self.fn, "transform_many", None)
+        if batch is not None:
+            self.many = functools.partial(self._many, batch)
+
+    def __call__(self, raw: str, element: Any = None) -> dict[str, Any]:
         if element is not None:
-            return transform_element(fn, element)
-        return transform_record(fn, raw.encode("utf-8"))
+            return transform_element(self.fn, element)
+        return transform_record(self.fn, raw.encode("utf-8"))
 
-    return apply
+    @staticmethod
+    def _many(batch: Callable[[list[Any]], list[Any]], items: list[tuple[str, Any]]
+              ) -> list[dict[str, Any] | Exception]:
+        """Each (raw, element or None)'s dict or error, in order."""
+        out: list[Any] = [None] * len(items)
+        parsed: list[tuple[int, Any]] = []
+        for i, (raw, element) in enumerate(items):
+            if element is None:
+                try:
+                    element = parse_metadata(raw.encode("utf-8"))
+                except TransformError as exc:
+                    out[i] = exc
+                    continue
+            parsed.append((i, element))
+        for (i, _), outcome in zip(parsed, batch([e for _, e in parsed]), strict=True):
+            out[i] = outcome
+        return out
+
+
+def make_transform(name: str) -> Callable[[str, Any], dict[str, Any]]:
+    """The store's transform function for a transformer name or dotted path."""
+    return _Transform(name)
 
 
 def make_validate(h: Harvester) -> Validate | None:

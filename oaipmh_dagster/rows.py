@@ -151,6 +151,16 @@ def _content_hash(produced: bytes, datestamp: str, deleted: bool, sets: bytes,
 _MISSING = object()  # no stored row
 
 
+def _error_of(exc: Exception) -> dict[str, Any]:
+    """A transform's exception as a record's error."""
+    to_dict = getattr(exc, "to_dict", None)
+    return to_dict() if callable(to_dict) else {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "location": "transform",
+    }
+
+
 def _apply_transform(
     transform: Transform | None, raw: str | None, element: Any = None
 ) -> tuple[Any, list[dict]]:
@@ -159,13 +169,26 @@ def _apply_transform(
     try:
         return transform(raw, element), []
     except Exception as exc:  # noqa: BLE001 - a bad record must not stop the run
-        to_dict = getattr(exc, "to_dict", None)
-        error = to_dict() if callable(to_dict) else {
-            "type": type(exc).__name__,
-            "message": str(exc),
-            "location": "transform",
-        }
-        return None, [error]
+        return None, [_error_of(exc)]
+
+
+def _transform_all(transform: Transform, items: list[tuple[str | None, Any]]
+                   ) -> list[tuple[Any, list[dict]]]:
+    """(metadata, errors) of each (raw XML, element or None): in one call when the
+    transform takes batches (its `many`: an ``xslt:`` stylesheet runs in a worker
+    process, which a call per record would wait for each time)."""
+    many = getattr(transform, "many", None)
+    given = [i for i, (raw, _) in enumerate(items) if raw is not None]
+    if many is None or len(given) < 2:
+        return [_apply_transform(transform, raw, element) for raw, element in items]
+    out: list[tuple[Any, list[dict]]] = [(None, [])] * len(items)
+    try:
+        outcomes = many([items[i] for i in given])
+    except Exception as exc:  # noqa: BLE001 - the batch failed as a whole
+        outcomes = [exc] * len(given)
+    for i, o in zip(given, outcomes, strict=True):
+        out[i] = (None, [_error_of(o)]) if isinstance(o, Exception) else (o, [])
+    return out
 
 
 # One encoder for every record (json.dumps builds one per call with these options). No
@@ -231,10 +254,49 @@ def prepare_page(
     if validate is not None:
         produced += f"\x1fschema={validate.token}"
     now = datetime.now(UTC)
+    keys = {identifier: _key(rec, produced.encode()) for identifier, rec in latest.items()}
+    done = _transform_page(transform, latest, keys, existing)
     rows = [v for identifier, rec in latest.items()
-            if (v := _row(harvester_id, identifier, rec, existing, produced.encode(),
-                          transform, validate, run_id, now, counts)) is not None]
+            if (v := _row(harvester_id, identifier, rec, keys[identifier], existing,
+                          transform, done, validate, run_id, now, counts)) is not None]
     return PreparedPage(rows, counts)
+
+
+@dataclass(frozen=True)
+class _Key:
+    """What a record's content hash is made of, and the hash."""
+
+    datestamp: str
+    errors: list[dict[str, str]]
+    sets_json: str
+    digest: str
+
+
+def _key(rec: HarvestRecord, produced: bytes) -> _Key:
+    header = rec.header
+    datestamp, errors = _store_datestamp(header)
+    sets_json, sets_key = _sets(tuple(header.set_specs))
+    metadata = None if header.deleted else rec.metadata
+    return _Key(datestamp, errors, sets_json,
+                _content_hash(produced, datestamp, header.deleted, sets_key, metadata))
+
+
+def _transform_page(transform: Transform | None, latest: dict[str, HarvestRecord],
+                    keys: dict[str, _Key], existing: dict[str, str | None]
+                    ) -> dict[str, tuple[Any, list[dict]]]:
+    """The transformed records of a page whose transform takes batches (else none:
+    each record is transformed as its row is made)."""
+    if transform is None or getattr(transform, "many", None) is None:
+        return {}
+    todo = [(identifier, rec) for identifier, rec in latest.items()
+            if not rec.header.deleted and rec.metadata
+            and existing.get(identifier, _MISSING) != keys[identifier].digest
+            and not _parse_error(rec)]
+    items: list[tuple[str | None, Any]] = [
+        (rec.metadata.decode("utf-8") if rec.metadata else None, getattr(rec, "element", None))
+        for _, rec in todo]
+    outcomes = _transform_all(transform, items)
+    return {identifier: outcome for (identifier, _), outcome in zip(todo, outcomes, strict=True)}
 
 
 def commit_page(
@@ -279,17 +341,17 @@ def _sets(specs: tuple[str, ...]) -> tuple[str, bytes]:
 
 
 def _row(
-    harvester_id: str, identifier: str, rec: HarvestRecord, existing: dict[str, str | None],
-    produced: bytes, transform: Transform | None, validate: Validate | None,
+    harvester_id: str, identifier: str, rec: HarvestRecord, key: _Key,
+    existing: dict[str, str | None], transform: Transform | None,
+    done: dict[str, tuple[Any, list[dict]]], validate: Validate | None,
     run_id: str | None, now: datetime, counts: Counts,
 ) -> dict[str, Any] | None:
-    """The row to upsert for one record (None when its content is unchanged)."""
-    header = rec.header
-    deleted = header.deleted
-    datestamp, errors = _store_datestamp(header)
-    sets_json, sets_key = _sets(tuple(header.set_specs))
+    """The row to upsert for one record (None when its content is unchanged); `done`
+    holds its transform's outcome when the page was transformed in one batch."""
+    deleted = rec.header.deleted
+    datestamp, errors, sets_json = key.datestamp, key.errors, key.sets_json
     metadata = None if deleted else rec.metadata
-    digest: str | None = _content_hash(produced, datestamp, deleted, sets_key, metadata)
+    digest: str | None = key.digest
     old = existing.get(identifier, _MISSING)
     if old == digest:
         counts.unchanged += 1
@@ -311,7 +373,8 @@ def _row(
         if parsed:
             errors = errors + parsed
         else:
-            meta, failed = _apply_transform(transform, raw, element)
+            outcome = done.get(identifier)
+            meta, failed = outcome or _apply_transform(transform, raw, element)
             meta_json, nul = _metadata_json(meta)
             failed = failed + nul
             if transform is not None and raw:
@@ -363,8 +426,8 @@ def retransform(
                     return counts
                 now = datetime.now(UTC)
                 updates = []
-                for identifier, raw in rows:
-                    meta, errors = _apply_transform(transform, raw)
+                outcomes = _transform_all(transform, [(raw, None) for _, raw in rows])
+                for (identifier, raw), (meta, errors) in zip(rows, outcomes, strict=True):
                     nul = _metadata_json(meta)[1]
                     if nul:
                         meta, errors = None, errors + nul

@@ -10,44 +10,63 @@ and each value reaches the stylesheet as a string (``etree.XSLT.strparam``). The
 itself cannot hold ``?``. :func:`normalize` makes a relative path absolute (the admin
 commands do so when a harvester is added or updated).
 
+Limits: records are transformed in a worker process (:mod:`._sandbox`), each within a
+time budget (``xslt.timeout``, seconds, default 5), an output budget (``xslt.max-output``,
+bytes of the serialized result, default 10M) and a memory ceiling (``xslt.max-memory``,
+the worker's address space, default 1G). They are given as query parameters of those
+names (not passed to the stylesheet) or by the environment variables
+``OAIPMH_XSLT_TIMEOUT``, ``OAIPMH_XSLT_MAX_OUTPUT`` and ``OAIPMH_XSLT_MAX_MEMORY``; sizes
+take a ``K``, ``M`` or ``G`` suffix (powers of 1024). A record over a budget fails with
+``transform_failed`` and the next one goes on; an interrupt stops the worker at once.
+
 Security: stylesheets come from the filesystem only. The stylesheet parser loads no
 DTD, resolves no entity and uses no network; an ``xsl:include``/``xsl:import`` of a
-URL other than a local file is refused before compiling; at run time libxslt's access
-control refuses network reads (``document()``) and every write (``exsl:document``),
-which fails that record.
+URL other than a local file is refused before compiling; ``document()`` reads only
+files under the stylesheet's own directory (and the local files it includes), parsed
+the same way; libxslt's access control refuses every write (``exsl:document``). A
+refused read or write fails that record.
 
 Compiled stylesheets are cached per (path, parameters) and recompiled when the file
-or a local file it includes changes (size, mtime or inode); each thread compiles its
-own copy, as lxml's XSLT objects keep per-call state. :meth:`XsltTransformer.identity`
-adds a digest of the stylesheet bytes to the transformer's name, so an edited
+or a local file it includes changes (size, mtime or inode); each worker process keeps
+its own compiled copies. :meth:`XsltTransformer.identity` adds a digest of the
+stylesheet bytes to the transformer's name (without the limits), so an edited
 crosswalk re-transforms unchanged records on the next harvest.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 from urllib.parse import unquote, urljoin, urlsplit
 from urllib.request import url2pathname
 
 from lxml import etree
 
-from . import xml
+from . import _sandbox, xml
+from ._sandbox import Limits
 from ._util import TransformError
+from ._xslt_worker import ACCESS as _ACCESS  # noqa: F401 - the access control, for tests
+from ._xslt_worker import compile_stylesheet, log_text
 
 PREFIX = "xslt:"
 XSL_NS = "http://www.w3.org/1999/XSL/Transform"
 _PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _POSITION_SUFFIX = re.compile(r", line \d+, column \d+$")
-# cast: lxml-stubs declare neither these keywords nor XSLT's error_log and parameters.
-_ACCESS = cast(Any, etree.XSLTAccessControl)(
-    read_file=True, write_file=False, create_dir=False, read_network=False,
-    write_network=False,
-)
+# The limits: query parameter, environment variable, Limits field.
+LIMITS = (("xslt.timeout", "OAIPMH_XSLT_TIMEOUT", "seconds"),
+          ("xslt.max-output", "OAIPMH_XSLT_MAX_OUTPUT", "max_output"),
+          ("xslt.max-memory", "OAIPMH_XSLT_MAX_MEMORY", "max_memory"))
+_SIZE = re.compile(r"(\d+)\s*([KMG]?)(?:I?B)?", re.IGNORECASE)
+_MIN_MEMORY = 64 * 2**20
+# The worker's results: sized by the output budget, possibly deeper than 256 levels.
+_RESULT_PARSER = etree.XMLParser(no_network=True, resolve_entities=False, load_dtd=False,
+                                 huge_tree=True)
 _cache: dict[str, XsltTransformer] = {}
 _cache_lock = threading.Lock()
 
@@ -97,18 +116,56 @@ def _parser() -> etree.XMLParser:
                            huge_tree=False)
 
 
-def _log_text(log: Any, fallback: str) -> str:
-    """libxslt's error log, shortened: distinct messages, the first one's line."""
-    messages: list[str] = []
-    line = 0
-    for entry in log:
-        message = (entry.message or "").strip()
-        if not line and entry.line:
-            line = entry.line
-        if message and message not in messages:
-            messages.append(message)
-    text = "; ".join(messages[:3]) or fallback
-    return f"{text} (stylesheet line {line})" if line else text
+def _limit_value(field: str, text: str) -> float | int | None:
+    """A limit's value from its text, None when malformed or out of range."""
+    text = text.strip()
+    if field == "seconds":
+        try:
+            seconds = float(text)
+        except ValueError:
+            return None
+        return seconds if 0 < seconds <= 86400 else None
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        return None
+    size = int(match[1]) * 1024 ** " KMG".index(match[2].upper() or " ")
+    low = _MIN_MEMORY if field == "max_memory" else 1
+    return size if size >= low else None
+
+
+def split_limits(spec: str, params: dict[str, str],
+                 environ: dict[str, str] | None = None) -> tuple[dict[str, str], Limits]:
+    """The stylesheet's own parameters and the limits (query parameters win over the
+    environment, which wins over the defaults); :class:`TransformError` (type
+    ``bad_stylesheet``) for a malformed limit."""
+    environ = dict(os.environ) if environ is None else environ
+    values: dict[str, Any] = {}
+    for name, variable, field in LIMITS:
+        for where, text in ((f"parameter {name}", params.get(name)),
+                            (f"${variable}", environ.get(variable))):
+            if text is None or not text.strip() and where.startswith("$"):
+                continue
+            value = _limit_value(field, text)
+            if value is None:
+                what = ("a number of seconds (0-86400]" if field == "seconds" else
+                        "a size in bytes, with an optional K, M or G suffix"
+                        + (" (at least 64M)" if field == "max_memory" else ""))
+                raise TransformError("bad_stylesheet",
+                                     f"bad {where} {text!r} for {spec!r}: expected {what}",
+                                     spec)
+            values[field] = value
+            break
+    own = {k: v for k, v in params.items() if k not in {n for n, _, _ in LIMITS}}
+    return own, Limits(**values)
+
+
+def _without_limits(spec: str) -> str:
+    """The spec with its limit parameters taken out (what identifies its output)."""
+    head, sep, query = spec.partition("?")
+    names = {n for n, _, _ in LIMITS}
+    kept = [item for item in query.split("&")
+            if item and unquote(item.partition("=")[0]) not in names]
+    return head + ("?" + "&".join(kept) if kept else "")
 
 
 @dataclass(frozen=True)
@@ -118,6 +175,7 @@ class _Version:
     source: bytes
     signature: tuple[tuple[str, int, int, int], ...]  # (path, mtime_ns, size, inode)
     digest: str
+    files: tuple[str, ...] = ()  # the local files it includes or imports
 
 
 def _stat(path: str) -> tuple[str, int, int, int]:
@@ -131,11 +189,10 @@ class XsltTransformer:
     def __init__(self, spec: str) -> None:
         self.name = spec.strip()
         self.path, params = parse_spec(self.name)
-        self.params = dict(params)
-        self._strparams = {k: etree.XSLT.strparam(v) for k, v in params.items()}
+        self.params, self.limits = split_limits(self.name, params)
         self._version: _Version | None = None
+        self._job: _sandbox.Job | None = None
         self._lock = threading.Lock()
-        self._local = threading.local()
 
     def _refuse(self, message: str, where: str | None = None) -> TransformError:
         return TransformError("bad_stylesheet", message, where or self.path)
@@ -202,16 +259,18 @@ class XsltTransformer:
                     signature.append(_stat(name))
                 except OSError:
                     signature.append((name, 0, 0, 0))
-        version = _Version(source, tuple(signature), digest.hexdigest())
+        includes = tuple(sorted(name for name in files if name != path))
+        version = _Version(source, tuple(signature), digest.hexdigest(), includes)
         self._compile(version)  # refuses a stylesheet that does not compile
         return version
 
-    def _compile(self, version: _Version) -> etree.XSLT:
+    def _compile(self, version: _Version) -> None:
+        self._parse(version.source, self.path)  # says where it is not XML
         try:
-            return etree.XSLT(self._parse(version.source, self.path), access_control=_ACCESS)
+            compile_stylesheet(version.source, self.path, version.files)
         except etree.XSLTParseError as exc:
             raise self._refuse(
-                f"stylesheet {self.path} does not compile: {_log_text(exc.error_log, str(exc))}"
+                f"stylesheet {self.path} does not compile: {log_text(exc.error_log, str(exc))}"
             ) from None
 
     def _fresh(self, version: _Version) -> bool:
@@ -232,32 +291,45 @@ class XsltTransformer:
         return version
 
     def identity(self) -> str:
-        """The name plus a digest of the stylesheet bytes (and of local includes)."""
-        return f"{self.name}\x1fsha256:{self.current().digest}"
+        """The name (without its limits) plus a digest of the stylesheet bytes (and of
+        local includes)."""
+        return f"{_without_limits(self.name)}\x1fsha256:{self.current().digest}"
 
-    def _xslt(self) -> Any:
-        version = self.current()
-        held = getattr(self._local, "held", None)
-        if held is None or held[0] is not version:
-            held = self._local.held = (version, self._compile(version))
-        return held[1]
+    def _job_of(self, version: _Version) -> _sandbox.Job:
+        job = self._job
+        if job is None or job.source is not version.source:
+            key = hashlib.sha256(json.dumps(
+                [self.path, version.digest, self.params, self.limits.max_output,
+                 self.limits.max_memory]).encode()).hexdigest()
+            job = self._job = _sandbox.Job(self.name, key, self.path, version.source,
+                                           version.files, self.params, self.limits)
+        return job
+
+    def transform_many(self, elements: Sequence[etree._Element]
+                       ) -> list[dict[str, Any] | TransformError]:
+        """Each element's dict or its :class:`TransformError`, in order: one worker
+        process takes the whole batch (a failing record costs only itself)."""
+        job = self._job_of(self.current())
+        records = [etree.tostring(el, with_tail=False) for el in elements]
+        return [self._result(out) if isinstance(out, bytes) else out
+                for out in _sandbox.run(job, records)]
+
+    def _result(self, result: bytes) -> dict[str, Any] | TransformError:
+        """A result from the worker as the stored dict (or the error it raises)."""
+        try:
+            return xml.transform(etree.fromstring(result, _RESULT_PARSER))
+        except RecursionError:
+            return TransformError("transform_failed", "RecursionError: too deeply nested",
+                                  self.name)
+        except etree.XMLSyntaxError as exc:
+            return TransformError("transform_failed", f"the XSLT result cannot be read: {exc}",
+                                  self.name)
 
     def __call__(self, element: etree._Element) -> dict[str, Any]:
-        xslt = self._xslt()
-        try:
-            result = xslt(element, **self._strparams)
-        except etree.XSLTApplyError as exc:
-            raise TransformError(
-                "transform_failed", f"XSLT failed: {_log_text(xslt.error_log, str(exc))}",
-                self.name,
-            ) from None
-        root = result.getroot()
-        if root is None:
-            what = "an empty result" if not str(result).strip() else "text, not XML"
-            raise TransformError(
-                "transform_failed", f"XSLT produced {what}: no root element", self.name
-            )
-        return xml.transform(root)
+        (outcome,) = self.transform_many([element])
+        if isinstance(outcome, TransformError):
+            raise outcome
+        return outcome
 
     def __repr__(self) -> str:
         return f"XsltTransformer({self.name!r})"
