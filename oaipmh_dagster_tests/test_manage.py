@@ -15,9 +15,13 @@ from oaipmh_dagster.dagster_parts.manage import (
     MANAGE_JOB,
     MANAGE_OP,
     REGISTRY_KEY,
+    AddHarvester,
     ManageConfig,
+    RemoveHarvester,
+    UpdateHarvester,
     holding_location,
     hosts_manage_job,
+    launchpad_terms,
     registry_markdown,
 )
 from oaipmh_dagster.definitions import build_definitions
@@ -38,12 +42,14 @@ def server() -> Iterator[OAIServer]:
     srv.stop()
 
 
-def launch(instance: dg.DagsterInstance, **config: Any) -> dg.ExecuteInProcessResult:
-    """One run of the job with the run config the Launchpad sends."""
+def launch(instance: dg.DagsterInstance, action: str, **fields: Any
+           ) -> dg.ExecuteInProcessResult:
+    """One run of the job with the run config the Launchpad sends: `action` chosen, its
+    fields below it."""
     job = build_definitions([]).resolve_job_def(MANAGE_JOB)
     return job.execute_in_process(
-        run_config={"ops": {MANAGE_OP: {"config": config}}}, instance=instance,
-        raise_on_error=False)
+        run_config={"ops": {MANAGE_OP: {"config": {"action": {action: fields}}}}},
+        instance=instance, raise_on_error=False)
 
 
 def logged(instance: dg.DagsterInstance, result: dg.ExecuteInProcessResult) -> str:
@@ -103,7 +109,7 @@ def test_add_update_remove(database_url: str, instance: dg.DagsterInstance,
     assert rows() == []
     assert Store(db.get_engine()).count("demo") == 0
     log = logged(instance, result)
-    assert "deleted 1 records of demo" in log and "removed harvester demo" in log
+    assert "deleted 1 record of demo" in log and "removed harvester demo" in log
     assert "(no harvesters)" in table(result)
 
 
@@ -116,13 +122,10 @@ def test_add_update_remove(database_url: str, instance: dg.DagsterInstance,
     ({"action": "add", "id": "keep", "url": "SERVER", "prefix": "oai_dc"}, "harvester 'keep' already exists"),
     ({"action": "add", "id": "demo", "url": "SERVER", "prefix": "oai_dc", "cron": "every day"},
      "invalid cron expression 'every day'"),
-    ({"action": "add", "id": "demo"}, "adding a harvester needs a url and a prefix"),
     ({"action": "update", "id": "nope", "cron": "0 * * * *"}, "no harvester 'nope'"),
     ({"action": "update", "id": "keep", "prefix": "marc21"}, "does not offer metadataPrefix"),
     ({"action": "update", "id": "keep"}, "nothing to update"),
     ({"action": "remove", "id": "nope"}, "no harvester 'nope'"),
-    ({"action": "remove", "id": "keep", "cron": "0 * * * *"}, "remove does not take cron"),
-    ({"action": "rename", "id": "keep"}, "unknown action 'rename'"),
 ])
 def test_bad_input_fails_the_run_and_writes_nothing(
     database_url: str, instance: dg.DagsterInstance, server: OAIServer,
@@ -131,7 +134,7 @@ def test_bad_input_fails_the_run_and_writes_nothing(
     add_harvester("keep", server.base_url)
     before = rows()
     config = {k: server.base_url if v == "SERVER" else v for k, v in config.items()}
-    result = launch(instance, **config)
+    result = launch(instance, config.pop("action"), **config)
     assert message in failure(result)
     assert message in logged(instance, result)
     assert rows() == before
@@ -149,16 +152,67 @@ def test_unreachable_endpoint_fails_the_run(database_url: str, instance: dg.Dags
     assert [r["id"] for r in rows()] == ["demo"]
 
 
-def test_every_field_is_described_and_defaults_are_the_commands() -> None:
-    fields = ManageConfig.model_fields
-    assert all(f.description for f in fields.values())
-    assert {"action", "id", "url", "prefix", "sets", "cron", "timezone", "enabled", "name",
-            "transformer", "max_parallel", "max_retries", "timeout", "delay", "auth_env",
-            "overlap", "comment", "reconcile_every", "no_check", "delete_records"} <= set(fields)
-    assert fields["action"].is_required() and fields["id"].is_required()
-    assert not fields["no_check"].default and not fields["delete_records"].default
+@pytest.mark.parametrize(("config", "message"), [
+    ({"add": {"id": "demo"}}, r"Missing required config entries \['prefix', 'url'\]"),
+    ({"remove": {"id": "keep", "cron": "0 * * * *"}}, 'Received unexpected config entry "cron"'),
+    ({"rename": {"id": "keep"}}, 'Received unexpected config entry "rename"'),
+    ({"add": {"id": "a", "url": "u", "prefix": "p"}, "remove": {"id": "a"}},
+     "You can only specify a single field"),
+])
+def test_the_form_refuses_what_the_action_does_not_take(
+    sqlite_url: str, instance: dg.DagsterInstance, config: dict[str, Any], message: str,
+) -> None:
+    """The Launchpad checks the config before a run exists: each action shows only its
+    fields, and a field another action takes is refused."""
+    job = build_definitions([]).resolve_job_def(MANAGE_JOB)
+    with pytest.raises(dg.DagsterInvalidConfigError, match=message):
+        job.execute_in_process(run_config={"ops": {MANAGE_OP: {"config": {"action": config}}}},
+                               instance=instance)
+    assert rows() == []
+
+
+def test_refusals_speak_the_launchpads_terms(
+    database_url: str, instance: dg.DagsterInstance, server: OAIServer,
+) -> None:
+    result = launch(instance, "add", id="demo", url=server.base_url, prefix="oai_dc",
+                    sets=["nosuch"])
+    message = failure(result)
+    assert "no_check: true registers it anyway" in message or "no_check" in message
+    assert "--" not in message.split("Stack Trace")[0]
+    assert launchpad_terms("--validate PATH, --set, --no-check, --all-sets") == (
+        "validate_schema PATH, sets, no_check, all_sets")
+
+
+def test_every_field_is_described_and_each_action_has_its_own() -> None:
+    fields = {name: dict(cls.model_fields) for name, cls in
+              (("add", AddHarvester), ("update", UpdateHarvester), ("remove", RemoveHarvester))}
+    for name, own in fields.items():
+        assert all(f.description for k, f in own.items() if k != "kind"), name
+        assert own["id"].is_required()
+    assert {"url", "prefix", "sets", "cron", "timezone", "enabled", "name", "transformer",
+            "max_parallel", "max_retries", "timeout", "delay", "auth_env", "overlap",
+            "comment", "reconcile_every", "no_check", "validate_schema"} <= set(fields["add"])
+    assert fields["add"]["url"].is_required() and fields["add"]["prefix"].is_required()
+    assert not fields["update"]["url"].is_required()
+    assert set(fields["update"]) - set(fields["add"]) == {"all_sets", "no_cron", "no_validate"}
+    assert set(fields["remove"]) == {"kind", "id", "delete_records"}
+    assert ManageConfig.model_fields["action"].is_required()
     job = build_definitions([]).resolve_job_def(MANAGE_JOB)
     assert [node.name for node in job.nodes] == [MANAGE_OP]
+    assert job.executor_def is dg.in_process_executor
+    assert job.tags["dagster/max_retries"] == "0"
+
+
+def test_the_form_has_the_commands_options() -> None:
+    """Every option of `harvester add` and `update` is a field of its action (the
+    command's --validate is validate_schema), and no field is unknown to the command."""
+    from oaipmh_dagster import cli
+
+    for command, cls in (("add", AddHarvester), ("update", UpdateHarvester)):
+        params = {p.name for p in cli.harvester.commands[command].params}
+        params = {"validate_schema" if p == "validate" else p for p in params}
+        params = {"id" if p == "harvester_id" else p for p in params}
+        assert params == set(cls.model_fields) - {"kind"}, command
 
 
 def test_one_location_hosts_the_job() -> None:

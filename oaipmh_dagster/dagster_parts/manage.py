@@ -8,13 +8,12 @@ whichever shard the harvester lands in."""
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import dagster as dg
 from pydantic import Field
 
 from oaipmh_dagster.admin import (
-    HTTP_FIELDS,
     AdminError,
     Change,
     add_harvester,
@@ -26,38 +25,28 @@ from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
 from oaipmh_dagster.registry import Harvester, InvalidRow, Registry
 from oaipmh_dagster.shards import DEFAULT_LOCATION, InvalidShard, Shard, shard_of
 
-__all__ = ["MANAGE_JOB", "MANAGE_OP", "REGISTRY_KEY", "DagsterInstanceSide", "ManageConfig",
-           "build_manage_job", "hosts_manage_job", "registry_asset", "registry_markdown"]
+__all__ = ["MANAGE_JOB", "MANAGE_OP", "REGISTRY_KEY", "AddHarvester", "DagsterInstanceSide",
+           "ManageConfig", "RemoveHarvester", "UpdateHarvester", "build_manage_job",
+           "hosts_manage_job", "launchpad_terms", "registry_asset", "registry_markdown"]
 
 MANAGE_JOB = "manage_harvesters"
 MANAGE_OP = "manage_harvester"  # run config: ops: {manage_harvester: {config: ...}}
 REGISTRY_KEY = dg.AssetKey([ASSET_PREFIX, "registry"])
 TABLE_KEY = "registry"
 ACTIONS = ("add", "update", "remove")
-_ADD = {"url", "prefix", "sets", "cron", "timezone", "enabled", "name", "transformer",
-        "no_check", "validate_schema", *HTTP_FIELDS}
-# Which fields each action reads (besides action and id); others must stay at default.
-USED = {"add": _ADD, "update": _ADD | {"all_sets", "no_cron", "no_validate"},
-        "remove": {"delete_records"}}
+# The runs of this job are not retried: a refused change stays refused, and a change
+# applied before a failure must not be applied twice.
+RUN_TAGS = {"dagster/max_retries": "0"}
 
 
-class ManageConfig(dg.Config):
-    """What to do: the options of `oaipmh-dagster harvester add/update/remove`."""
+class _Options(dg.Config):
+    """The options `harvester add` and `harvester update` share (left out: add's default;
+    on update: unchanged)."""
 
-    action: str = Field(description="add, update or remove.")
-    id: str = Field(description="Harvester id: 1-48 characters a-z, 0-9 and _, starting "
-                    "with a letter or digit (it names the job harvest_oaipmh_records_<id>).")
-    url: str | None = Field(default=None, description="Base URL of the OAI-PMH endpoint "
-                            "(add: required).")
-    prefix: str | None = Field(default=None, description="metadataPrefix to harvest, e.g. "
-                               "oai_dc (add: required).")
     sets: list[str] = Field(default=[], description="Sets to harvest (add: none = all; "
                             "update: none = unchanged, else they replace the sets).")
-    all_sets: bool = Field(default=False, description="update: harvest the whole "
-                           "repository (clear the sets).")
     cron: str | None = Field(default=None, description="Schedule, a cron expression (add: "
                              "none = no scheduled runs; update: none = unchanged).")
-    no_cron: bool = Field(default=False, description="update: remove the cron.")
     timezone: str | None = Field(default=None, description="Timezone of the cron (add: "
                                  "UTC).")
     enabled: bool | None = Field(default=None, description="Schedule running by default "
@@ -91,12 +80,66 @@ class ManageConfig(dg.Config):
         default=None, description="Validate each record against an XML Schema (invalid "
         "records are kept, with a schema error): 'shipped' for the schema shipped for the "
         "prefix, oai_dc, datacite or marc21 for that shipped schema, else the path of a "
-        "schema file (the command line's --validate).")
-    no_validate: bool = Field(default=False, description="update: stop validating.")
+        "schema file.")
     no_check: bool = Field(default=False, description="Do not probe the endpoint "
                            "(Identify, the prefix and the sets it offers).")
-    delete_records: bool = Field(default=False, description="remove: also delete the "
-                                 "harvester's harvested records (kept otherwise).")
+
+
+_ID_HELP = ("Harvester id: 1-48 characters a-z, 0-9 and _, starting with a letter or digit "
+            "(it names the job harvest_oaipmh_records_<id>).")
+
+
+class AddHarvester(_Options):
+    """`oaipmh-dagster harvester add`."""
+
+    kind: Literal["add"] = "add"
+    id: str = Field(description=_ID_HELP)
+    url: str = Field(description="Base URL of the OAI-PMH endpoint.")
+    prefix: str = Field(description="metadataPrefix to harvest, e.g. oai_dc.")
+
+
+class UpdateHarvester(_Options):
+    """`oaipmh-dagster harvester update`: only the fields given change."""
+
+    kind: Literal["update"] = "update"
+    id: str = Field(description="The harvester to change.")
+    url: str | None = Field(default=None, description="Base URL of the OAI-PMH endpoint.")
+    prefix: str | None = Field(default=None, description="metadataPrefix to harvest.")
+    all_sets: bool = Field(default=False, description="Harvest the whole repository (clear "
+                           "the sets).")
+    no_cron: bool = Field(default=False, description="Remove the cron.")
+    no_validate: bool = Field(default=False, description="Stop validating.")
+
+
+class RemoveHarvester(dg.Config):
+    """`oaipmh-dagster harvester remove`."""
+
+    kind: Literal["remove"] = "remove"
+    id: str = Field(description="The harvester to remove.")
+    delete_records: bool = Field(default=False, description="Also delete the harvester's "
+                                 "harvested records (kept otherwise).")
+
+
+Action = AddHarvester | UpdateHarvester | RemoveHarvester
+
+
+class ManageConfig(dg.Config):
+    """What to do: one of add, update or remove, with the options of `oaipmh-dagster
+    harvester add/update/remove` (dashes as underscores)."""
+
+    action: Action = Field(discriminator="kind", description="add, update or remove, "
+                           "with the fields that action takes.")
+
+
+# The command line's options named in admin's messages, as this job's config calls them.
+_LAUNCHPAD_TERMS = {"--validate": "validate_schema", "--set": "sets"}
+
+
+def launchpad_terms(message: str) -> str:
+    """`message` with the command line's `--option` names written as config fields."""
+    return re.sub(r"--([a-z][a-z-]*)",
+                  lambda m: _LAUNCHPAD_TERMS.get(m.group(0), m.group(1).replace("-", "_")),
+                  message)
 
 
 class DagsterInstanceSide:
@@ -181,36 +224,31 @@ def registry_asset(context: dg.AssetExecutionContext,
         metadata=_registry_metadata(context.instance, Registry(oaipmh_db.engine())))
 
 
-def _given(config: ManageConfig) -> dict[str, Any]:
-    """The fields set to something other than their default."""
-    defaults = ManageConfig.model_fields
-    return {k: v for k, v in config.model_dump().items()
-            if k not in ("action", "id") and v != defaults[k].default}
+def _given(action: AddHarvester | UpdateHarvester) -> dict[str, Any]:
+    """The fields set to something other than their default (`id` and `kind` aside)."""
+    fields = type(action).model_fields
+    return {k: v for k, v in action.model_dump().items()
+            if k not in ("kind", "id") and v != fields[k].default}
 
 
 def apply(config: ManageConfig, registry: Registry, instance: dg.DagsterInstance,
           location: str | None) -> Change:
     """The change `config` asks for, through `admin`."""
-    if config.action not in ACTIONS:
-        raise AdminError(f"unknown action {config.action!r}: use add, update or remove",
-                         usage=True)
-    given = _given(config)
-    unused = sorted(given.keys() - USED[config.action])
-    if unused:
-        raise AdminError(f"{config.action} does not take {', '.join(unused)}", usage=True)
-    check = not given.pop("no_check", False)
-    if config.action == "remove":
-        return remove_harvester(registry, config.id, delete_records=config.delete_records,
+    action = config.action
+    if isinstance(action, RemoveHarvester):
+        return remove_harvester(registry, action.id, delete_records=action.delete_records,
                                 instance=DagsterInstanceSide(lambda: instance),
                                 location=location)
+    given = _given(action)
+    check = not given.pop("no_check", False)
     given["sets"] = tuple(given.get("sets", ()))
     if "validate_schema" in given:
         given["validate"] = given.pop("validate_schema")
-    if config.action == "add":
-        return add_harvester(registry, config.id, url=given.pop("url", None),
-                             prefix=given.pop("prefix", None), check=check,
-                             location=location, **given)
-    return update_harvester(registry, config.id, check=check, location=location, **given)
+    if isinstance(action, AddHarvester):
+        return add_harvester(registry, action.id, url=given.pop("url"),
+                             prefix=given.pop("prefix"), check=check, location=location,
+                             **given)
+    return update_harvester(registry, action.id, check=check, location=location, **given)
 
 
 def job_url(location: str | None, job: str) -> str:
@@ -231,14 +269,15 @@ def manage_op(context: dg.OpExecutionContext, config: ManageConfig,
     """Apply the change, log what changed and link the harvester's job, then refresh
     the registry table."""
     run_location = _run_location(context)
-    holder = holding_location(run_location, config.id)
+    holder = holding_location(run_location, config.action.id)
     registry = Registry(oaipmh_db.engine())
     try:
         change = apply(config, registry, context.instance,
                        run_location if holder == run_location else None)
     except AdminError as exc:
-        context.log.error(str(exc))
-        raise dg.Failure(description=str(exc), allow_retries=False) from None
+        message = launchpad_terms(str(exc))
+        context.log.error(message)
+        raise dg.Failure(description=message, allow_retries=False) from None
     for line in change.lines:
         (context.log.warning if line.note else context.log.info)(line.text)
     if change.harvester is not None:
@@ -250,14 +289,19 @@ def manage_op(context: dg.OpExecutionContext, config: ManageConfig,
 
 
 def build_manage_job() -> dg.JobDefinition:
-    """The `manage_harvesters` job: one op, its config flat."""
+    """The `manage_harvesters` job: one op whose config is a choice of action. It runs in
+    the launching process (a one-op job gains nothing from a process of its own, which
+    took most of a change's 18-39 s) and is never retried."""
+    description = (
+        "Add, update or remove a harvester: config `action`, one of `add`, `update` or "
+        "`remove` with the fields it takes (`id`, and the options of `oaipmh-dagster "
+        "harvester add/update/remove` with underscores). The endpoint is probed as on the "
+        "command line (unless no_check); a refusal fails the run and writes nothing. Then "
+        "the code location holding the harvester is reloaded, and the asset "
+        f"{REGISTRY_KEY.to_user_string()} shows the registry.")
 
-    @dg.job(name=MANAGE_JOB, description=(
-        "Add, update or remove a harvester: config `action` (add, update or remove), `id`, "
-        "and the options of `oaipmh-dagster harvester add/update/remove`. The endpoint is "
-        "probed as on the command line (unless no_check); a refusal fails the run and "
-        "writes nothing. Then the code location holding the harvester is reloaded, and "
-        f"the asset {REGISTRY_KEY.to_user_string()} shows the registry."))
+    @dg.job(name=MANAGE_JOB, executor_def=dg.in_process_executor, tags=RUN_TAGS,
+            description=description)
     def manage_harvesters() -> None:
         manage_op()
 

@@ -27,7 +27,7 @@ except ImportError:  # the fixtures skip (or fail in CI) with the reason
     expect = None
 
 from oaipmh_dagster.demo.invalid import INVALID_OAI_DC
-from oaipmh_dagster_tests.browser.conftest import LOCATION, DagsterUI
+from oaipmh_dagster_tests.browser.conftest import ARTIFACTS, LOCATION, DagsterUI
 
 pytestmark = pytest.mark.browser
 
@@ -581,6 +581,14 @@ query Registry { assetOrError(assetKey: {path: ["oaipmh", "registry"]}) { __type
 """
 
 
+def report_figure(label: str, value: float, **context: object) -> None:
+    """A figure this tour measured, for the benchmarks' notes (not a pass criterion):
+    appended to test-artifacts/browser/figures.txt."""
+    line = f"{label}: {value:.1f} " + " ".join(f"{k}={v}" for k, v in context.items())
+    with (ARTIFACTS / "figures.txt").open("a") as fh:
+        fh.write(line + "\n")
+
+
 def job_exists(ui: DagsterUI, name: str) -> bool:
     selector = {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY,
                 "pipelineName": name}
@@ -633,8 +641,9 @@ def test_add_harvester_from_launchpad(dagster_ui: DagsterUI, page: Any, shot: An
     OAIPMH_DAGSTER_WEBSERVER pointing at itself), so the harvester's job appears in the UI
     without a restart, and a run of it launched there succeeds."""
     assert not job_exists(dagster_ui, ADDED_JOB)
-    config = (f"ops:\n  {MANAGE_OP}:\n    config:\n      action: add\n      id: {ADDED}\n"
-              f"      url: {dagster_ui.oai_url}\n      prefix: oai_dc\n")
+    config = (f"ops:\n  {MANAGE_OP}:\n    config:\n      action:\n        add:\n"
+              f"          id: {ADDED}\n          url: {dagster_ui.oai_url}\n"
+              "          prefix: oai_dc\n")
     page.goto(f"/locations/{LOCATION}/jobs/{MANAGE_JOB}/playground")
     editor = page.locator(".CodeMirror").first
     expect(editor).to_be_visible(timeout=60_000)
@@ -648,11 +657,14 @@ def test_add_harvester_from_launchpad(dagster_ui: DagsterUI, page: Any, shot: An
 
     launch = page.get_by_role("button", name=re.compile(r"Launch Run"))
     expect(launch).to_be_enabled()
+    launched = time.monotonic()
     launch.click()
     page.wait_for_url(RUN_ID, timeout=60_000)
     run_id = run_id_in(page.url)
     # The run probes the endpoint, writes the row and waits for the location's reload.
     assert wait_for_run(dagster_ui, run_id, timeout=300.0) == "SUCCESS", dagster_ui.log_tail()
+    report_figure("launchpad add to job listed (s)", time.monotonic() - launched,
+                  listed=job_exists(dagster_ui, ADDED_JOB))
     assert dagster_ui.graphql(RUN_QUERY, {"runId": run_id})["runOrError"]["jobName"] == (
         MANAGE_JOB)
     expect_run_page_success(page, MANAGE_JOB)

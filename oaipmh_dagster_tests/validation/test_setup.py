@@ -17,7 +17,12 @@ import sqlalchemy as sa
 
 from oaipmh_dagster import db
 from oaipmh_dagster.admin import AdminError, add_harvester, update_harvester
-from oaipmh_dagster.dagster_parts.manage import ManageConfig, apply
+from oaipmh_dagster.dagster_parts.manage import (
+    AddHarvester,
+    ManageConfig,
+    UpdateHarvester,
+    apply,
+)
 from oaipmh_dagster.registry import Harvester, InvalidHarvester, Registry
 from oaipmh_dagster.validation import (
     SCHEMA_DIR,
@@ -125,10 +130,12 @@ def test_refusals_of_bad_schemas(sqlite_url: str, tmp_path: Path) -> None:
 
 def test_manage_config_sets_and_clears_the_schema(sqlite_url: str) -> None:
     registry = _registry()
-    apply(ManageConfig(action="add", id="m", url=URL, prefix="oai_dc", no_check=True,
-                       validate_schema="shipped"), registry, None, None)  # type: ignore[arg-type]
+    apply(ManageConfig(action=AddHarvester(id="m", url=URL, prefix="oai_dc", no_check=True,
+                                           validate_schema="shipped")),
+          registry, None, None)  # type: ignore[arg-type]
     assert registry.get("m").schema == "oai_dc"
-    apply(ManageConfig(action="update", id="m", no_validate=True), registry, None, None)  # type: ignore[arg-type]
+    apply(ManageConfig(action=UpdateHarvester(id="m", no_validate=True)), registry, None,
+          None)  # type: ignore[arg-type]
     assert registry.get("m").schema is None
 
 
