@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 SHARDS = 3
 LOCATIONS = [Shard(i, SHARDS).location_name() for i in range(SHARDS)]
 CLI = Path(sys.executable).with_name("oaipmh-dagster")
-SENSOR_TIMEOUT = 90.0
+SENSOR_TIMEOUT = 180.0  # the sensor ticks once a minute
 ENTRIES = """{ workspaceOrError { __typename ... on Workspace {
   locationEntries { name loadStatus updatedTimestamp } } } }"""
 
