@@ -531,6 +531,13 @@ def case_profiles(b: Bench) -> None:
     run(b)
 
 
+def case_sensor_footprint(b: Bench) -> None:
+    """Case 10 (benchmarks/sensor_footprint.py, which imports this module)."""
+    from benchmarks.sensor_footprint import case_sensor_footprint as run
+
+    run(b)
+
+
 CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
     "1": ("fetch + parse throughput vs Sickle and oaipmh-scythe", case_fetch),
     "2": ("end-to-end harvest throughput (SQLite, PostgreSQL, job)", case_e2e),
@@ -542,6 +549,8 @@ CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
     "8": ("cost of schema validation and of an XSLT crosswalk per record", case_aggregator),
     "9": ("profiles of harvest(), the job and the CLI (kept in results/profiles/)",
           case_profiles),
+    "10": ("since sensor footprint: tick rows a day at 200 and 10,000 harvesters",
+           case_sensor_footprint),
 }
 
 

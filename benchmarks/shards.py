@@ -252,8 +252,11 @@ def _scheduler(b: Bench, n: int, k: int) -> dict[str, Any]:
                                        encoding="utf-8")
     db_url = f"sqlite:///{work / 'registry.sqlite'}"
     b.child("registry", {"db": db_url, "n": n}, timeout=1800)
+    from oaipmh_dagster import db
+    from oaipmh_dagster.registry import SHARDS_SETTING, Registry
     from oaipmh_dagster.shards import workspace_yaml
 
+    Registry(db.get_engine(db_url)).set_setting(SHARDS_SETTING, str(k))  # as `workspace`
     workspace = work / "workspace.yaml"
     workspace.write_text(workspace_yaml(k), encoding="utf-8")
     return b.child("scheduler", {"workspace": str(workspace)}, timeout=3600,

@@ -693,10 +693,11 @@ def export(harvester_id: str, fmt: str, output: str) -> None:
 
 @cli.command()
 @click.option("--shards", default=1, show_default=True, type=click.IntRange(1, MAX_SHARDS),
-              help="Number of code locations to spread the harvesters over.")
+              help="Number of code locations to spread the harvesters over (stored in the "
+              "registry, where every location reads it).")
 @click.option("--prefix", default=DEFAULT_LOCATION, show_default=True,
-              help="Code location names: PREFIX_shard_<i>_of_<K> (PREFIX-shard-<i>-of-<K> "
-              "when PREFIX has a hyphen, as Kubernetes names need).")
+              help="Code location names: PREFIX_shard_<i> (PREFIX-shard-<i> when PREFIX "
+              "has a hyphen, as Kubernetes names need).")
 @click.option("--grpc-port", type=click.IntRange(1, 65535),
               help="Point at code servers started with `dagster code-server start` on "
               "ports GRPC_PORT, GRPC_PORT+1, ... (the file's comments give the commands), "
@@ -705,13 +706,20 @@ def export(harvester_id: str, fmt: str, output: str) -> None:
               help="Host of those code servers.")
 @click.option("--sizes", is_flag=True,
               help="Also say on stderr how many registered harvesters each location holds.")
+@click.option("--print-only", is_flag=True,
+              help="Print the file only: store nothing (the locations keep the stored K).")
 def workspace(shards: int, prefix: str, grpc_port: int | None, grpc_host: str,
-              sizes: bool) -> None:
-    """Print a workspace.yaml whose code locations hold every harvester exactly once.
+              sizes: bool, print_only: bool) -> None:
+    """Print a workspace.yaml whose code locations hold every harvester exactly once,
+    and store the number of shards in the registry.
 
     A harvester's location follows from its id and the number of shards alone (a jump
     consistent hash): adding one never moves another, and going from K to K+1 shards
-    moves about 1/(K+1) of them."""
+    moves about 1/(K+1) of them. Location names do not carry K: a harvester that stays
+    keeps its schedule state and run history; the schedule of one that moves keeps its
+    on/off through the registry (stored states it leaves behind are copied into the
+    harvester's `enabled`, then deleted). Reload or restart the webserver and the
+    daemon with the printed file right after."""
     from oaipmh_dagster.shards import shard_of, workspace_yaml
 
     if not prefix.replace("_", "a").replace("-", "a").isalnum():
@@ -719,14 +727,30 @@ def workspace(shards: int, prefix: str, grpc_port: int | None, grpc_host: str,
                            "hyphens (a hyphen makes Kubernetes-style names)")
     if grpc_port is not None and grpc_port + shards - 1 > 65535:
         raise UsageProblem(f"--grpc-port {grpc_port}: {shards} ports from there pass 65535")
-    click.echo(workspace_yaml(shards, prefix, grpc_host=grpc_host if grpc_port else None,
-                              grpc_port=grpc_port), nl=False)
+    text = workspace_yaml(shards, prefix, grpc_host=grpc_host if grpc_port else None,
+                          grpc_port=grpc_port)
+    if not print_only:
+        _store_shards(shards, prefix)
+    click.echo(text, nl=False)
     if sizes:
         counts = [0] * shards
         for h in _registry().list():
             counts[shard_of(h.id, shards)] += 1
         click.echo(f"{sum(counts)} harvesters; per location: min {min(counts)}, "
                    f"max {max(counts)}", err=True)
+
+
+def _store_shards(count: int, prefix: str) -> None:
+    """Store K, carrying over the schedule states of harvesters that move (stderr)."""
+    from oaipmh_dagster.dagster_parts.reshard import reshard
+
+    done = reshard(_instance(), _registry(), count, prefix)
+    if done.old_count != count:
+        click.echo(f"stored {count} shard(s) (was {done.old_count or 'unset'}); "
+                   f"{len(done.carried)} moving schedule state(s) kept in the registry, "
+                   f"{done.forgotten} stale state(s) removed", err=True)
+    for line in done.carried:
+        click.echo(f"  {line}", err=True)
 
 
 @cli.command()

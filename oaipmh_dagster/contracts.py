@@ -69,6 +69,11 @@ HOST_TAG = "oaipmh/host"
 # Set by the op when the run starts: the since it harvests from, and where that came from.
 SINCE_TAG = "oaipmh/since"
 SINCE_SOURCE_TAG = "oaipmh/since_source"
+# Set by the schedule from the since in force at tick time: `full` (none) or
+# `incremental`; the deploy files limit concurrent full harvests on it.
+MODE_TAG = "oaipmh/mode"
+MODE_FULL = "full"
+MODE_INCREMENTAL = "incremental"
 # Set by the op on runs that reconcile.
 RECONCILE_TAG = "oaipmh/reconcile"
 # Dagster's own tag on scheduled runs.

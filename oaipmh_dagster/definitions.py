@@ -1,5 +1,6 @@
 """The code location: one job, one schedule and three assets per registered harvester
-(of its shard, when its name names one: see `shards`), plus the since sensor. Runs rebuild it from the rows stored in reconstruction metadata,
+(of its shard, when its name names one: see `shards`), plus the since sensor. Runs
+rebuild it from the rows stored in reconstruction metadata,
 never from the registry, so a row changed or removed since the last load cannot break a
 run that was launched against it."""
 
@@ -24,22 +25,45 @@ from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
 from oaipmh_dagster.dagster_parts.schedules import build_schedule
 from oaipmh_dagster.dagster_parts.sensors import build_since_sensor
 from oaipmh_dagster.registry import Harvester, InvalidRow, Registry, harvester_table
-from oaipmh_dagster.shards import Shard
+from oaipmh_dagster.shards import InvalidShard, Shard, parse_location
 
-__all__ = ["ROWS_KEY", "build_definitions", "defs", "freeze_long_lived", "load_harvesters"]
+__all__ = ["ROWS_KEY", "build_definitions", "defs", "freeze_long_lived", "load_harvesters",
+           "location_shard"]
 
 log = logging.getLogger(__name__)
 
 
-def load_harvesters(shard: Shard | None = None) -> list[Harvester]:
-    """The registry's valid rows (of `shard` only: the other rows are not read); a
-    missing table (fresh install) gives none."""
+def location_shard(registry: Registry, location: str | None) -> Shard | None:
+    """The shard the code location named `location` serves (None: every harvester): a
+    `..._shard_<i>` name takes K from the registry; `InvalidShard` when it names no
+    shard of the stored K (K unset, or i >= K: a location left over from a larger K)."""
+    parsed = parse_location(location)
+    if parsed is None:
+        return None
+    return Shard.of_location(location, registry.shard_count() if parsed[1] is None else None)
+
+
+def load_harvesters(shard: Shard | None = None, location: str | None = None
+                    ) -> list[Harvester]:
+    """The registry's valid rows (of `shard`, or of the shard `location` names: the
+    other rows are not read); a missing table (fresh install) gives none, and so does
+    a shard location whose shard is not one of the stored K (logged)."""
     engine = db.get_engine(migrate=False)
     if not db.table_exists(engine, harvester_table.name):
         log.warning("no harvester table in %s yet: run `oaipmh-dagster init` or add a "
                     "harvester; the code location is empty", db.redact(str(engine.url)))
         return []
-    rows = Registry(engine).list_rows(shard.holds if shard is not None else None)
+    registry = Registry(engine)
+    if shard is None and location is not None:
+        try:
+            shard = location_shard(registry, location)
+        except InvalidShard as exc:
+            log.error("code location %s holds no harvesters: %s", location, exc)
+            return []
+        if shard is not None:
+            log.info("code location %s serves shard %d of %d", location, shard.index,
+                     shard.count)
+    rows = registry.list_rows(shard.holds if shard is not None else None)
     for row in rows:
         if isinstance(row, InvalidRow):
             log.error("harvester row %r is invalid and was left out: %s", row.id, row.error)
@@ -96,11 +120,7 @@ def defs() -> dg.Definitions:
     if stored is not None:
         harvesters = [Harvester.from_dict(d) for d in json.loads(stored)]
     else:
-        shard = Shard.of_location(location)
-        harvesters = load_harvesters(shard)
-        if shard is not None:
-            log.info("code location %s holds %d harvesters (shard %d of %d)",
-                     location, len(harvesters), shard.index, shard.count)
+        harvesters = load_harvesters(location=location)
     rows = json.dumps([h.to_dict() for h in harvesters], sort_keys=True)
     # Only the load context's pending metadata reaches the repository load data that run
     # workers are rebuilt from (`with_reconstruction_metadata` alone does not).

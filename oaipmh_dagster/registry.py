@@ -77,6 +77,15 @@ harvester_table = sa.Table(
     sa.Column("updated", sa.DateTime(timezone=True), nullable=False),
 )
 
+# Deployment-wide settings (migration 0007): key -> value.
+setting_table = sa.Table(
+    "oaipmh_setting",
+    db.metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+)
+SHARDS_SETTING = "shards"
+
 
 class RegistryError(OAIPMHDagsterError):
     """Base of the registry's errors."""
@@ -510,6 +519,34 @@ class Registry:
             )
         if done.rowcount == 0:
             raise HarvesterNotFound(f"no harvester {harvester_id!r}")
+
+    def setting(self, key: str) -> str | None:
+        """The stored value of setting `key` (None: unset, or no settings table yet)."""
+        if not db.table_exists(self.engine, setting_table.name):
+            return None
+        with self.engine.connect() as conn:
+            value = conn.execute(sa.select(setting_table.c.value)
+                                 .where(setting_table.c.key == key)).scalar()
+        return None if value is None else str(value)
+
+    def set_setting(self, key: str, value: str) -> None:
+        """Store `value` under `key` (replacing any value)."""
+        with self.engine.begin() as conn:
+            done = conn.execute(setting_table.update().where(setting_table.c.key == key)
+                                .values(value=value))
+            if done.rowcount == 0:
+                conn.execute(setting_table.insert().values(key=key, value=value))
+
+    def shard_count(self) -> int | None:
+        """The number of shards code locations split the harvesters into (None: never
+        stored; an unreadable value is an error, not a guess)."""
+        value = self.setting(SHARDS_SETTING)
+        if value is None:
+            return None
+        if not value.isdigit() or int(value) < 1:
+            raise RegistryError(f"the stored number of shards {value!r} is not a positive "
+                                "integer: run `oaipmh-dagster workspace --shards K`")
+        return int(value)
 
 
 @dataclass(frozen=True)

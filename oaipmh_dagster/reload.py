@@ -12,7 +12,7 @@ import os
 import httpx
 
 from oaipmh_dagster.errors import OAIPMHDagsterError
-from oaipmh_dagster.shards import DEFAULT_LOCATION, InvalidShard, Shard, shard_of
+from oaipmh_dagster.shards import DEFAULT_LOCATION, InvalidShard, Shard, parse_location, shard_of
 
 WEBSERVER_ENV = "OAIPMH_DAGSTER_WEBSERVER"
 LOCATION_ENV = "OAIPMH_DAGSTER_LOCATION"
@@ -27,15 +27,26 @@ class NoHoldingLocation(OAIPMHDagsterError, LookupError):
     """The webserver's locations are shards, but none of them holds the harvester."""
 
 
-def holding_location(names: list[str], harvester_id: str | None) -> str:
+def _count(names: list[str]) -> int | None:
+    """K of the shard locations among `names` whose names do not carry it: one more
+    than the highest index (the webserver serves shards 0 to K-1)."""
+    indexes = [p[0] for p in map(parse_location, names) if p is not None and p[1] is None]
+    return max(indexes) + 1 if indexes else None
+
+
+def holding_location(names: list[str], harvester_id: str | None,
+                     count: int | None = None) -> str:
     """Of the webserver's location `names`, the one that holds `harvester_id`: the shard
     location whose shard holds it, else the default location (a single location
-    deployment), else the only location. Raises NoHoldingLocation when the names are
-    shards of which none holds the harvester (a location missing from the workspace)."""
+    deployment), else the only location. `count` is K for `..._shard_<i>` names
+    (default: as many as the webserver serves). Raises NoHoldingLocation when the names
+    are shards of which none holds the harvester (a location missing from the
+    workspace)."""
     shards = []
+    count = count or _count(names)
     for name in names:
         try:
-            shard = Shard.of_location(name)
+            shard = Shard.of_location(name, count)
         except InvalidShard:
             continue
         if shard is not None:
@@ -64,8 +75,23 @@ def _location(client: httpx.Client, url: str, location: str | None,
     if named:
         return named
     data = _graphql(client, url, LOCATIONS_QUERY, {})["workspaceOrError"]
-    return holding_location([e["name"] for e in data.get("locationEntries") or []],
-                            harvester_id)
+    names = [e["name"] for e in data.get("locationEntries") or []]
+    return holding_location(names, harvester_id, _stored_count(names))
+
+
+def _stored_count(names: list[str]) -> int | None:
+    """The registry's K when some of `names` need it (None: unreadable, then inferred
+    from the names)."""
+    if _count(names) is None:
+        return None
+    import sqlalchemy as sa
+
+    from oaipmh_dagster.registry import Registry
+
+    try:
+        return Registry().shard_count()
+    except (OAIPMHDagsterError, sa.exc.SQLAlchemyError):
+        return None
 
 RELOAD_MUTATION = """
 mutation Reload($name: String!) {

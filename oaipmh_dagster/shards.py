@@ -5,9 +5,13 @@ hash over a 64-bit BLAKE2b digest of its id. The shard depends on the id and K a
 adding or removing a harvester never moves another, and going from K to K+1 shards moves
 only the 1/(K+1) of harvesters that the new shard takes (the fewest any scheme can move).
 
-A shard is named by its code location: a location whose name ends in `shard_<i>_of_<K>`
-(or `shard-<i>-of-<K>`, the form Kubernetes names allow; 0 <= i < K) holds shard i of K;
-any other name holds every harvester. The same module
+A shard is named by its code location: a location whose name ends in `shard_<i>` (or
+`shard-<i>`, the form Kubernetes names allow) holds shard i of K, where K is stored once
+in the registry (`oaipmh-dagster workspace --shards K` writes it): names do not carry K,
+so changing K renames no location and keeps the schedule states, run history and sensor
+cursors Dagster keys by location name. A name ending in `shard_<i>_of_<K>` (the names
+of earlier versions) still holds shard i of the K it names; any other name holds every
+harvester. The same module
 (`oaipmh_dagster.definitions`) serves every shard, so `workspace.yaml` entries differ
 only in their location names. No Dagster import here."""
 
@@ -19,19 +23,34 @@ from dataclasses import dataclass
 
 from oaipmh_dagster.errors import OAIPMHDagsterError
 
-__all__ = ["DEFAULT_LOCATION", "MAX_SHARDS", "InvalidShard", "Shard", "location_names",
-           "shard_of", "workspace_yaml"]
+__all__ = ["DEFAULT_LOCATION", "MAX_SHARDS", "InvalidShard", "Shard", "ShardCountUnknown",
+           "location_names", "parse_location", "shard_of", "workspace_yaml"]
 
 DEFAULT_LOCATION = "oaipmh_dagster"
 MAX_SHARDS = 1024
 # `_` or `-` between the parts: Kubernetes names (the Helm chart's user deployments)
 # allow no `_`.
-_SUFFIX = re.compile(r"(?:^|[_-])shard([_-])(0|[1-9]\d*)\1of\1(0|[1-9]\d*)$")
+_LEGACY = re.compile(r"(?:^|[_-])shard([_-])(0|[1-9]\d*)\1of\1(0|[1-9]\d*)$")
+_SUFFIX = re.compile(r"(?:^|[_-])shard[_-](0|[1-9]\d*)$")
 _MASK = (1 << 64) - 1
 
 
 class InvalidShard(OAIPMHDagsterError, ValueError):
     """A location name or shard count that names no valid shard."""
+
+
+class ShardCountUnknown(InvalidShard):
+    """A location named `..._shard_<i>` while the registry stores no shard count."""
+
+
+def parse_location(name: str | None) -> tuple[int, int | None] | None:
+    """(index, K) of a shard location name: K is None for a name without it
+    (`..._shard_<i>`), and the whole result None for a name that names no shard."""
+    legacy = _LEGACY.search(name or "")
+    if legacy:
+        return int(legacy[2]), int(legacy[3])
+    match = _SUFFIX.search(name or "")
+    return (int(match[1]), None) if match else None
 
 
 def _key(harvester_id: str) -> int:
@@ -67,16 +86,28 @@ class Shard:
         return shard_of(harvester_id, self.count) == self.index
 
     def location_name(self, prefix: str = DEFAULT_LOCATION) -> str:
-        """The code location name that serves this shard (with `-` between the parts
-        when the prefix has one: a Kubernetes-style name)."""
+        """The code location name that serves this shard, `PREFIX_shard_<i>` (with `-`
+        between the parts when the prefix has one: a Kubernetes-style name). It does
+        not carry K."""
         sep = "-" if "-" in prefix else "_"
-        return f"{prefix}{sep}shard{sep}{self.index}{sep}of{sep}{self.count}"
+        return f"{prefix}{sep}shard{sep}{self.index}"
 
     @classmethod
-    def of_location(cls, name: str | None) -> Shard | None:
-        """The shard a code location named `name` serves (None: every harvester)."""
-        match = _SUFFIX.search(name or "")
-        return cls(int(match[2]), int(match[3])) if match else None
+    def of_location(cls, name: str | None, count: int | None = None) -> Shard | None:
+        """The shard a code location named `name` serves (None: every harvester);
+        `count` is the stored K, which a name without K needs (`ShardCountUnknown`
+        without it). A name that carries K keeps the K it names."""
+        parsed = parse_location(name)
+        if parsed is None:
+            return None
+        index, named = parsed
+        if named is not None:
+            return cls(index, named)
+        if count is None:
+            raise ShardCountUnknown(
+                f"code location {name!r} is a shard, but the registry stores no number of "
+                "shards: run `oaipmh-dagster workspace --shards K`")
+        return cls(index, count)
 
 
 def location_names(count: int, prefix: str = DEFAULT_LOCATION) -> list[str]:

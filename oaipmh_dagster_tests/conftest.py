@@ -78,7 +78,7 @@ def _clean_postgres(url: str) -> None:
     engine = sa.create_engine(url)
     with engine.begin() as conn:
         for table in ("oaipmh_record", "oaipmh_harvest_state", "oaipmh_harvester",
-                      "oaipmh_alembic_version"):
+                      "oaipmh_setting", "oaipmh_alembic_version"):
             conn.execute(sa.text(f"DROP TABLE IF EXISTS {table} CASCADE"))
     engine.dispose()
 

@@ -38,3 +38,17 @@ def start_schedule(instance: dg.DagsterInstance, name: str, location: str, cron:
     instance.add_instigator_state(InstigatorState(
         _origin(name, location), InstigatorType.SCHEDULE, InstigatorStatus.RUNNING,
         ScheduleInstigatorData(cron, start_timestamp=None)))
+
+
+def stop_schedule(instance: dg.DagsterInstance, name: str, location: str, cron: str) -> None:
+    """A schedule of `location` stopped in the UI (a STOPPED state stored)."""
+    instance.add_instigator_state(InstigatorState(
+        _origin(name, location), InstigatorType.SCHEDULE, InstigatorStatus.STOPPED,
+        ScheduleInstigatorData(cron, start_timestamp=None)))
+
+
+def schedule_states(instance: dg.DagsterInstance) -> dict[tuple[str, str], str]:
+    """(schedule name, location) -> stored status."""
+    return {(s.name, s.origin.repository_origin.code_location_origin.location_name):
+            s.status.value
+            for s in instance.all_instigator_state(instigator_type=InstigatorType.SCHEDULE)}

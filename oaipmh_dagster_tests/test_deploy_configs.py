@@ -29,7 +29,8 @@ from oaipmh_dagster_tests.conftest import PG_URL, REPO_ROOT, drop_database, requ
 DEPLOY = REPO_ROOT / "deploy"
 PG_ENV = ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_DB", "DAGSTER_PG_USER",
           "DAGSTER_PG_PASSWORD")
-LIMIT_KEYS = {"oaipmh/harvester": 1, "oaipmh/host": 2}
+LIMIT_KEYS = {"oaipmh/harvester": 1, "oaipmh/host": 2, "oaipmh/mode": None}
+PER_VALUE = ("oaipmh/harvester", "oaipmh/host")
 # The op-level host pools of the shipped dagster.yaml, which every deploy config repeats.
 POOLS = {"default_limit": 2, "granularity": "op"}
 
@@ -56,9 +57,16 @@ def _check_concurrency(config: dict[str, Any]) -> None:
     assert not (config["run_coordinator"].get("config") or {}).get("tag_concurrency_limits")
     runs = config["concurrency"]["runs"]
     limits = {lim["key"]: lim for lim in runs["tag_concurrency_limits"]}
-    assert {k: v["limit"] for k, v in limits.items()} == LIMIT_KEYS
-    assert all(v["value"] == {"applyLimitPerUniqueValue": True} for v in limits.values())
-    assert runs["max_concurrent_runs"] > 0
+    assert set(limits) == set(LIMIT_KEYS)
+    assert {k: limits[k]["limit"] for k in PER_VALUE} == {k: LIMIT_KEYS[k] for k in PER_VALUE}
+    assert all(limits[k]["value"] == {"applyLimitPerUniqueValue": True} for k in PER_VALUE)
+    _check_full_harvest_limit(limits["oaipmh/mode"], runs["max_concurrent_runs"])
+
+
+def _check_full_harvest_limit(limit: dict[str, Any], max_runs: int) -> None:
+    """Full harvests have their own limit, which leaves slots for incremental runs."""
+    assert limit["value"] == "full"
+    assert 1 <= limit["limit"] <= max_runs // 2
 
 
 def _validate_instance_yaml(path: Path, tmp_path: Path) -> dict[str, Any]:
@@ -142,11 +150,29 @@ def test_shipped_dagster_yaml_concurrency_in_force(tmp_path: Path) -> None:
         concurrency = instance.get_concurrency_config()
         limits = {lim["key"]: lim["limit"]
                   for lim in concurrency.run_queue_config.tag_concurrency_limits}
-        assert limits == LIMIT_KEYS
+        assert limits == {**LIMIT_KEYS, "oaipmh/mode": 4}
         assert concurrency.pool_config.default_pool_limit == POOLS["default_limit"]
         assert concurrency.pool_config.pool_granularity == PoolGranularity.OP
     finally:
         instance.dispose()
+
+
+@pytest.mark.parametrize("name", ["dagster.yaml", *(f"deploy/{c}/dagster.yaml"
+                                                   for c in sorted(CONFIGS))])
+def test_sensor_ticks_are_kept_one_to_three_days(name: str, tmp_path: Path) -> None:
+    """Each since sensor tick row holds its whole cursor: skipped ticks (all of its
+    ticks) are purged after 1 to 3 days in every shipped instance file."""
+    config = _validate_instance_yaml(REPO_ROOT / name, tmp_path)
+    assert 1 <= config["retention"]["sensor"]["purge_after_days"]["skipped"] <= 3
+
+
+def test_helm_values_keep_sensor_ticks_and_limit_full_harvests() -> None:
+    values = yaml.safe_load((DEPLOY / "k8s" / "values.yaml").read_text())
+    assert values["retention"]["enabled"] is True
+    assert 1 <= values["retention"]["sensor"]["purgeAfterDays"]["skipped"] <= 3
+    runs = values["concurrency"]["runs"]
+    limits = {lim["key"]: lim for lim in runs["tagConcurrencyLimits"]}
+    _check_full_harvest_limit(limits["oaipmh/mode"], runs["maxConcurrentRuns"])
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -228,7 +254,8 @@ def test_postgres_config_runs_a_job(fresh_pg: str, tmp_path: Path) -> None:
         assert isinstance(instance.run_coordinator, QueuedRunCoordinator)
         concurrency = instance.get_concurrency_config()
         assert {lim["key"]: lim["limit"] for lim in
-                concurrency.run_queue_config.tag_concurrency_limits} == LIMIT_KEYS
+                concurrency.run_queue_config.tag_concurrency_limits} == {
+                    **LIMIT_KEYS, "oaipmh/mode": 8}
         assert concurrency.pool_config.default_pool_limit == POOLS["default_limit"]
         assert type(instance.run_launcher).__name__ == "DefaultRunLauncher"
         result = deploy_check_job.execute_in_process(instance=instance)
@@ -429,8 +456,11 @@ def test_helm_values_keep_the_instance_settings() -> None:
     concurrency = values["concurrency"]
     assert concurrency["enabled"] is True
     limits = {lim["key"]: lim for lim in concurrency["runs"]["tagConcurrencyLimits"]}
-    assert {k: v["limit"] for k, v in limits.items()} == LIMIT_KEYS
-    assert all(v["value"] == {"applyLimitPerUniqueValue": True} for v in limits.values())
+    assert {k: v["limit"] for k, v in limits.items()} == {
+        k["key"]: k["limit"] for k in instance["concurrency"]["runs"]["tag_concurrency_limits"]}
+    assert all(limits[k]["value"] == {"applyLimitPerUniqueValue": True} for k in PER_VALUE)
+    assert values["retention"]["sensor"]["purgeAfterDays"]["skipped"] == (
+        instance["retention"]["sensor"]["purge_after_days"]["skipped"])
     assert concurrency["runs"]["maxConcurrentRuns"] == (
         instance["concurrency"]["runs"]["max_concurrent_runs"])
     assert concurrency["pools"] == {"defaultLimit": POOLS["default_limit"],

@@ -232,7 +232,11 @@ def test_the_holding_location_follows_the_shard() -> None:
     assert holding_location(None, "demo") is None
     assert holding_location("mine", "demo") == "mine"
     holder = Shard(shard_of("demo", 5), 5).location_name("oai")
-    assert holding_location("oai_shard_0_of_5", "demo") == holder
+    assert holding_location("oai_shard_0", "demo", 5) == holder
+    assert holding_location("oai_shard_0", "demo") == "oai_shard_0"  # K unknown
+    legacy = f"oai_shard_{shard_of('demo', 5)}_of_5"
+    assert holding_location("oai_shard_0_of_5", "demo") == legacy
+    assert holding_location("oai-shard-0-of-5", "demo") == legacy.replace("_", "-")
 
 
 def test_registry_markdown() -> None:

@@ -107,6 +107,24 @@ def test_stored_schedule_statuses_one_running_state_wins(sqlite_url: str) -> Non
             "harvest_oaipmh_records_a": "RUNNING", "harvest_oaipmh_records_b": "STOPPED"}
 
 
+def test_stored_schedules_name_their_location_and_can_be_forgotten(sqlite_url: str) -> None:
+    with dg.instance_for_test() as instance:
+        start_schedule(instance, "harvest_oaipmh_records_a", "loc_shard_0", "0 0 * * *")
+        start_schedule(instance, "harvest_oaipmh_records_a", "loc_shard_1", "0 0 * * *")
+        _private.stop_schedule_states(instance, "harvest_oaipmh_records_a")
+        start_schedule(instance, "harvest_oaipmh_records_b", "loc_shard_1", "0 0 * * *")
+        start_sensor(instance, SENSOR_NAME, "loc_shard_1", "{}")  # not a schedule
+        stored = sorted(_private.stored_schedules(instance), key=lambda s: (s.name, s.location))
+        assert [(s.name, s.location, s.running) for s in stored] == [
+            ("harvest_oaipmh_records_a", "loc_shard_0", False),
+            ("harvest_oaipmh_records_a", "loc_shard_1", False),
+            ("harvest_oaipmh_records_b", "loc_shard_1", True)]
+        _private.forget_schedule(instance, stored[0])
+        assert sorted((s.name, s.location) for s in _private.stored_schedules(instance)) == [
+            ("harvest_oaipmh_records_a", "loc_shard_1"),
+            ("harvest_oaipmh_records_b", "loc_shard_1")]
+
+
 def test_forget_defs_state_storage_lets_a_later_load_succeed(sqlite_url: str) -> None:
     with dg.instance_for_test():
         pass

@@ -89,7 +89,7 @@ def test_the_schedule_is_stopped_in_the_shard_that_holds_the_harvester(webserver
     assert done is True
     lookup, query, _ = _FakeWebserver.calls
     assert "workspaceOrError" in lookup["query"]
-    holder = next(n for n in names if Shard.of_location(n).holds("a"))  # type: ignore[union-attr]
+    holder = next(n for n in names if Shard.of_location(n, 4).holds("a"))  # type: ignore[union-attr]
     assert query["variables"]["selector"]["repositoryLocationName"] == holder
 
 

@@ -20,6 +20,8 @@ from oaipmh_dagster.shards import (
     MAX_SHARDS,
     InvalidShard,
     Shard,
+    ShardCountUnknown,
+    parse_location,
     shard_of,
     workspace_yaml,
 )
@@ -85,18 +87,38 @@ def test_balance() -> None:
 # -- names --------------------------------------------------------------------------------
 
 
-def test_shard_names_round_trip() -> None:
-    shard = Shard(2, 5)
-    assert shard.location_name() == "oaipmh_dagster_shard_2_of_5"
-    assert shard.location_name("prod") == "prod_shard_2_of_5"
-    assert Shard.of_location("oaipmh_dagster_shard_2_of_5") == shard
-    assert Shard.of_location("prod_shard_2_of_5") == shard
+def test_shard_names_do_not_carry_the_count() -> None:
+    """K changes rename no location: names are PREFIX_shard_<i>, K comes from the
+    registry."""
+    assert Shard(2, 5).location_name() == "oaipmh_dagster_shard_2"
+    assert Shard(2, 7).location_name() == Shard(2, 5).location_name()
+    assert Shard(2, 5).location_name("prod") == "prod_shard_2"
+    assert Shard.of_location("oaipmh_dagster_shard_2", 5) == Shard(2, 5)
+    assert Shard.of_location("prod_shard_2", 3) == Shard(2, 3)
+    assert Shard.of_location("shard_0", 1) == Shard(0, 1)
+    assert parse_location("x_shard_10") == (10, None)
+
+
+def test_a_name_without_the_count_needs_the_stored_one() -> None:
+    with pytest.raises(ShardCountUnknown, match="workspace --shards K"):
+        Shard.of_location("oaipmh_dagster_shard_1")
+    with pytest.raises(InvalidShard):  # a location left over from a larger K
+        Shard.of_location("oaipmh_dagster_shard_4", 4)
+
+
+def test_names_of_earlier_versions_keep_their_count() -> None:
+    """A deployment being migrated still loads with `..._shard_<i>_of_<K>` names: the
+    K a name carries wins over the stored one."""
+    assert Shard.of_location("oaipmh_dagster_shard_2_of_5") == Shard(2, 5)
+    assert Shard.of_location("prod_shard_2_of_5", 9) == Shard(2, 5)
     assert Shard.of_location("shard_0_of_1") == Shard(0, 1)
     assert Shard.of_location("x_shard_10_of_11") == Shard(10, 11)
+    assert parse_location("x_shard_10_of_11") == (10, 11)
 
 
-@pytest.mark.parametrize("name", [None, "", "oaipmh_dagster", "shard", "shard_1",
-                                  "xshard_1_of_2", "shard_1_of_2_extra", "shard_a_of_2"])
+@pytest.mark.parametrize("name", [None, "", "oaipmh_dagster", "shard", "shard1",
+                                  "xshard_1_of_2", "shard_1_of_2_extra", "shard_a_of_2",
+                                  "xshard_1", "shard_01", "shard_1_x"])
 def test_a_plain_name_holds_every_harvester(name: str | None) -> None:
     assert Shard.of_location(name) is None
 
@@ -134,7 +156,7 @@ def test_workspace_yaml_has_one_location_per_shard(count: int) -> None:
     names = [e["location_name"] for e in entries]
     assert len(set(names)) == count
     assert {e["module_name"] for e in entries} == {"oaipmh_dagster.definitions"}
-    shards = [Shard.of_location(n) for n in names]
+    shards = [Shard.of_location(n, count) for n in names]
     assert sorted((s.index, s.count) for s in shards if s is not None) == [
         (i, count) for i in range(count)]
     # Every harvester is held by exactly one of the locations.
@@ -146,16 +168,32 @@ def test_workspace_yaml_of_one_shard_is_the_plain_location() -> None:
     assert _locations(workspace_yaml(1)) == [
         {"module_name": "oaipmh_dagster.definitions", "location_name": DEFAULT_LOCATION}]
     assert [e["location_name"] for e in _locations(workspace_yaml(2, "prod"))] == [
-        "prod_shard_0_of_2", "prod_shard_1_of_2"]
+        "prod_shard_0", "prod_shard_1"]
 
 
 def test_workspace_command(run, sqlite_url: str) -> None:  # noqa: ANN001 - fixture
+    from oaipmh_dagster.registry import Registry
+
     result = run("workspace", "--shards", "3")
     assert result.code == 0, result.err
     assert result.out == workspace_yaml(3)
     assert [e["location_name"] for e in _locations(result.out)] == [
-        f"oaipmh_dagster_shard_{i}_of_3" for i in range(3)]
+        f"oaipmh_dagster_shard_{i}" for i in range(3)]
+    assert Registry().shard_count() == 3  # stored once, read by every location
+    assert "stored 3 shard(s) (was unset)" in result.err
+    assert run("workspace", "--shards", "4", "--print-only").out == workspace_yaml(4)
+    assert Registry().shard_count() == 3
     assert run("workspace").out == workspace_yaml(1)
+    assert Registry().shard_count() == 1
+
+
+def test_a_stored_count_that_is_not_a_number_is_an_error(sqlite_url: str) -> None:
+    from oaipmh_dagster.registry import SHARDS_SETTING, Registry, RegistryError
+
+    registry = Registry()
+    registry.set_setting(SHARDS_SETTING, "many")
+    with pytest.raises(RegistryError, match="not a positive integer"):
+        registry.shard_count()
 
 
 def test_workspace_command_sizes(run, sqlite_url: str) -> None:  # noqa: ANN001 - fixture
@@ -165,8 +203,9 @@ def test_workspace_command_sizes(run, sqlite_url: str) -> None:  # noqa: ANN001 
     result = run("workspace", "--shards", "3", "--prefix", "p", "--sizes")
     assert result.code == 0, result.err
     assert result.out == workspace_yaml(3, "p")
-    assert result.err.strip() == (f"30 harvesters; per location: min {min(counts.values())}, "
-                                  f"max {max(counts.values())}")
+    assert result.err.strip().splitlines()[-1] == (
+        f"30 harvesters; per location: min {min(counts.values())}, "
+        f"max {max(counts.values())}")
 
 
 @pytest.mark.parametrize("argv", [["--shards", "0"], ["--shards", str(MAX_SHARDS + 1)],
@@ -210,11 +249,21 @@ def test_holding_location_ignores_invalid_shard_names() -> None:
 def test_a_shard_missing_from_the_workspace_is_named() -> None:
     hid = next(h for h in IDS if shard_of(h, 2) == 1)
     with pytest.raises(NoHoldingLocation, match=f"harvester {hid} \\(shard 1 of 2\\)"):
-        holding_location([Shard(0, 2).location_name()], hid)
+        holding_location([Shard(0, 2).location_name()], hid, 2)
+    legacy = "oaipmh_dagster_shard_0_of_2"
+    with pytest.raises(NoHoldingLocation, match=f"harvester {hid} \\(shard 1 of 2\\)"):
+        holding_location([legacy], hid)
+
+
+def test_holding_location_among_names_of_earlier_versions() -> None:
+    names = [f"oaipmh_dagster_shard_{i}_of_4" for i in range(4)]
+    for hid in IDS[:50]:
+        assert holding_location(names, hid) == names[shard_of(hid, 4)]
 
 
 def test_kubernetes_style_names_name_shards_too() -> None:
     assert Shard.of_location("oaipmh-dagster-shard-2-of-4") == Shard(2, 4)
+    assert Shard.of_location("oaipmh-dagster-shard-2", 4) == Shard(2, 4)
     assert Shard.of_location("shard-0-of-1") == Shard(0, 1)
     assert Shard.of_location("x_shard-2_of-4") is None  # one separator throughout
     with pytest.raises(InvalidShard):
@@ -223,8 +272,8 @@ def test_kubernetes_style_names_name_shards_too() -> None:
 
 def test_a_hyphenated_prefix_gives_kubernetes_style_names() -> None:
     name = Shard(3, 8).location_name("oaipmh-dagster")
-    assert name == "oaipmh-dagster-shard-3-of-8"
-    assert Shard.of_location(name) == Shard(3, 8)
+    assert name == "oaipmh-dagster-shard-3"
+    assert Shard.of_location(name, 8) == Shard(3, 8)
 
 
 def test_zero_padded_shard_numbers_name_no_shard() -> None:
@@ -261,12 +310,14 @@ def _job(hid: str) -> str:
 
 def test_each_shard_location_loads_its_own_harvesters(sqlite_url: str) -> None:
     from oaipmh_dagster.contracts import SENSOR_NAME
+    from oaipmh_dagster.registry import SHARDS_SETTING, Registry
 
     ids = IDS[:24]
     for hid in ids:
         add_harvester(hid, "http://127.0.0.1:9/oai", cron="0 3 * * *")
     count = 3
     assert len({shard_of(hid, count) for hid in ids}) == count  # every shard holds some
+    Registry().set_setting(SHARDS_SETTING, str(count))
     seen: list[str] = []
     for index in range(count):
         name = Shard(index, count).location_name()
@@ -289,10 +340,12 @@ def test_a_shard_location_hands_only_its_rows_to_run_workers(sqlite_url: str) ->
     import json
 
     from oaipmh_dagster.contracts import ROWS_KEY
+    from oaipmh_dagster.registry import SHARDS_SETTING, Registry
 
     ids = IDS[:12]
     for hid in ids:
         add_harvester(hid, "http://127.0.0.1:9/oai")
+    Registry().set_setting(SHARDS_SETTING, "2")
     name = Shard(1, 2).location_name()
     with _code_location(name):
         loaded = defs()
@@ -306,11 +359,12 @@ def test_a_shard_location_reads_and_checks_only_its_own_rows(
     """A shard's load is bounded by its own size: the other shards' rows are neither
     decoded nor validated, and a broken row of another shard is that shard's error."""
     from oaipmh_dagster import db
-    from oaipmh_dagster.registry import Harvester, harvester_table
+    from oaipmh_dagster.registry import SHARDS_SETTING, Harvester, Registry, harvester_table
 
     ids = IDS[:40]
     for hid in ids:
         add_harvester(hid, "http://127.0.0.1:9/oai")
+    Registry().set_setting(SHARDS_SETTING, "4")
     mine = [h for h in ids if shard_of(h, 4) == 2]
     broken_elsewhere = next(h for h in ids if shard_of(h, 4) == 0)
     broken_here = mine[0]
@@ -332,3 +386,22 @@ def test_a_shard_location_reads_and_checks_only_its_own_rows(
     assert sorted(checked) == sorted(mine)
     assert broken_here in caplog.text
     assert broken_elsewhere not in caplog.text
+
+
+def test_a_location_reads_the_stored_count_and_names_of_earlier_versions_still_load(
+    sqlite_url: str,
+) -> None:
+    from oaipmh_dagster.registry import SHARDS_SETTING, Registry
+
+    ids = IDS[:16]
+    for hid in ids:
+        add_harvester(hid, "http://127.0.0.1:9/oai")
+    with _code_location("oaipmh_dagster_shard_1"):  # no K stored yet: holds nothing
+        assert _harvester_jobs(defs()) == set()
+    Registry().set_setting(SHARDS_SETTING, "2")
+    with _code_location("oaipmh_dagster_shard_1"):
+        assert _harvester_jobs(defs()) == {_job(h) for h in ids if shard_of(h, 2) == 1}
+    with _code_location("oaipmh_dagster_shard_2"):  # left over from a larger K
+        assert _harvester_jobs(defs()) == set()
+    with _code_location("oaipmh_dagster_shard_2_of_3"):  # a name of an earlier version
+        assert _harvester_jobs(defs()) == {_job(h) for h in ids if shard_of(h, 3) == 2}

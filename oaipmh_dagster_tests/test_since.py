@@ -409,6 +409,25 @@ def test_cursor_edited_during_a_tick_is_kept(sqlite_url: str, server: OAIServer)
         assert result.cursor == edited  # the daemon writes this back: the edit survives
 
 
+def test_an_empty_cursor_starts_at_now_and_loses_no_since(database_url: str,
+                                                         server: OAIServer,
+                                                         instance: dg.DagsterInstance) -> None:
+    """A sensor of a new location name (or a cleared cursor) does not read the whole run
+    history: its watermark starts now, and the since of a run it never processed is
+    published from that run's materialization."""
+    h = add_harvester("j", server.base_url)
+    assert run_job(h, instance).success
+    now = datetime.now(UTC) + timedelta(seconds=1)
+    result = sensors.evaluate(instance, None, [h], LOCATION, now=now)
+    sensors.report(instance, result)
+    cursor = json.loads(result.cursor)
+    assert cursor["watermark"] == now.isoformat()
+    assert cursor["since"] == {"j": "2026-03-01T12:00:00Z"}
+    state = since_mod.published_state(instance, asset_keys("j")[1])[0]
+    assert state is not None and state.value == "2026-03-01T12:00:00Z"
+    assert state.source.startswith("run ") and not state.operator  # asked with overlap
+
+
 # -- 8. each code location takes only its own runs ----------------------------------------
 
 

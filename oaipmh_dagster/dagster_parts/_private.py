@@ -38,6 +38,11 @@ Why each stays private, and the public fallback:
 - `stored_schedule_statuses`: `harvester list` shows each schedule's stored on/off state
   without a webserver. Fallback: GraphQL `scheduleOrError` when a webserver answers,
   else the registry's default (on when enabled with a cron).
+- `stored_schedules`, `forget_schedule`: `oaipmh-dagster workspace --shards K` carries
+  each schedule state that a re-shard would leave behind in a location that no longer
+  holds the harvester into the registry's `enabled` (the schedule's default status in
+  its new location), then deletes it. Fallback: a moved harvester's schedule returns to
+  its registry default.
 - `forget_defs_state_storage`: tests reset the instance Dagster remembers in a context
   variable between instances (no fallback needed outside tests).
 """
@@ -46,6 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
@@ -183,6 +189,35 @@ def stop_schedule_states(instance: dg.DagsterInstance, name: str) -> int:
             instance.update_instigator_state(state.with_status(InstigatorStatus.STOPPED))
             stopped += 1
     return stopped
+
+
+@dataclass(frozen=True)
+class StoredSchedule:
+    """A schedule state the instance stores (started or stopped in the UI)."""
+
+    name: str
+    location: str
+    running: bool
+    origin_id: str
+    selector_id: str
+
+
+def stored_schedules(instance: dg.DagsterInstance) -> list[StoredSchedule]:
+    """Every schedule state stored as RUNNING or STOPPED, with its code location."""
+    out = []
+    for state in instance.all_instigator_state(instigator_type=InstigatorType.SCHEDULE):
+        if state.status not in (InstigatorStatus.RUNNING, InstigatorStatus.STOPPED):
+            continue
+        location = state.origin.repository_origin.code_location_origin.location_name
+        out.append(StoredSchedule(state.name, location,
+                                  state.status == InstigatorStatus.RUNNING,
+                                  state.instigator_origin_id, state.selector_id))
+    return out
+
+
+def forget_schedule(instance: dg.DagsterInstance, stored: StoredSchedule) -> None:
+    """Delete a stored schedule state: the schedule's default status applies again."""
+    instance.delete_instigator_state(stored.origin_id, stored.selector_id)
 
 
 def forget_defs_state_storage() -> None:

@@ -23,7 +23,13 @@ from oaipmh_dagster.admin import (
 from oaipmh_dagster.contracts import ASSET_PREFIX
 from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
 from oaipmh_dagster.registry import Harvester, InvalidRow, Registry
-from oaipmh_dagster.shards import DEFAULT_LOCATION, InvalidShard, Shard, shard_of
+from oaipmh_dagster.shards import (
+    DEFAULT_LOCATION,
+    InvalidShard,
+    Shard,
+    parse_location,
+    shard_of,
+)
 
 __all__ = ["MANAGE_JOB", "MANAGE_OP", "REGISTRY_KEY", "AddHarvester", "DagsterInstanceSide",
            "ManageConfig", "RemoveHarvester", "UpdateHarvester", "build_manage_job",
@@ -164,21 +170,35 @@ class DagsterInstanceSide:
 def hosts_manage_job(location_name: str | None) -> bool:
     """Whether the code location named `location_name` hosts the job and the asset: an
     unsharded location, or shard 0."""
+    parsed = parse_location(location_name)
+    if parsed is None:
+        return True
+    index, named = parsed
     try:
-        shard = Shard.of_location(location_name)
+        if named is not None:
+            Shard(index, named)  # a name of earlier versions that carries K: a valid shard?
     except InvalidShard:
         return False
-    return shard is None or shard.index == 0
+    return index == 0
 
 
-def holding_location(run_location: str | None, harvester_id: str) -> str | None:
+def holding_location(run_location: str | None, harvester_id: str,
+                     count: int | None = None) -> str | None:
     """The name of the code location that holds the harvester, from the name of the one
-    this run belongs to (None: unknown, e.g. a run in process)."""
-    shard = Shard.of_location(run_location) if run_location else None
-    if run_location is None or shard is None:
+    this run belongs to (None: unknown, e.g. a run in process); `count` is the stored
+    K, for names that do not carry it (without it: the run's own location)."""
+    parsed = parse_location(run_location) if run_location else None
+    if run_location is None or parsed is None:
         return run_location
-    holder = shard_of(harvester_id, shard.count)
-    return re.sub(r"shard_\d+_of_\d+$", f"shard_{holder}_of_{shard.count}", run_location)
+    index, named = parsed
+    if named is not None:
+        holder = shard_of(harvester_id, named)
+        return re.sub(r"shard([_-])\d+\1of\1\d+$", rf"shard\g<1>{holder}\g<1>of\g<1>{named}",
+                      run_location)
+    if count is None:
+        return run_location
+    return re.sub(r"shard([_-])\d+$", rf"shard\g<1>{shard_of(harvester_id, count)}",
+                  run_location)
 
 
 def _escape(value: object) -> str:
@@ -269,8 +289,8 @@ def manage_op(context: dg.OpExecutionContext, config: ManageConfig,
     """Apply the change, log what changed and link the harvester's job, then refresh
     the registry table."""
     run_location = _run_location(context)
-    holder = holding_location(run_location, config.action.id)
     registry = Registry(oaipmh_db.engine())
+    holder = holding_location(run_location, config.action.id, registry.shard_count())
     try:
         change = apply(config, registry, context.instance,
                        run_location if holder == run_location else None)

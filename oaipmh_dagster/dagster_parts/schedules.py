@@ -1,13 +1,17 @@
-"""One schedule per harvester, named like its job. A tick launches an incremental run
-(the op resolves since when the run starts) unless the harvester already has a run
-queued or in progress."""
+"""One schedule per harvester, named like its job. A tick launches a run unless the
+harvester already has one queued or in progress. The op resolves since when the run
+starts; the tick reads the since in force only to tag the run `oaipmh/mode: full` or
+`incremental`, so the run queue can hold back first harvests without delaying the
+daily incrementals."""
 
 from __future__ import annotations
 
 import dagster as dg
 
-from oaipmh_dagster.contracts import HARVESTER_TAG
+from oaipmh_dagster.contracts import HARVESTER_TAG, MODE_FULL, MODE_INCREMENTAL, MODE_TAG
+from oaipmh_dagster.dagster_parts.assets import asset_keys
 from oaipmh_dagster.dagster_parts.jobs import run_tags
+from oaipmh_dagster.dagster_parts.since import resolve_since
 from oaipmh_dagster.registry import Harvester
 
 # A harvester without cron still gets a (stopped) schedule; started, it ticks once a
@@ -30,6 +34,13 @@ def active_run(instance: dg.DagsterInstance, harvester_id: str) -> str | None:
     return records[0].dagster_run.run_id if records else None
 
 
+def run_mode(instance: dg.DagsterInstance, h: Harvester) -> str:
+    """`full` when no since is in force for the harvester's selection, else
+    `incremental` (what a run started now would do without run config)."""
+    resolved = resolve_since(instance, h, since=None, full=False, raw_key=asset_keys(h.id)[1])
+    return MODE_INCREMENTAL if resolved.value else MODE_FULL
+
+
 def build_schedule(h: Harvester, job: dg.JobDefinition) -> dg.ScheduleDefinition:
     """The schedule `harvest_oaipmh_records_<id>` (RUNNING by default when enabled)."""
 
@@ -43,7 +54,7 @@ def build_schedule(h: Harvester, job: dg.JobDefinition) -> dg.ScheduleDefinition
         scheduled = context.scheduled_execution_time
         return dg.RunRequest(
             run_key=scheduled.isoformat() if scheduled else None,
-            tags=run_tags(h),
+            tags={**run_tags(h), MODE_TAG: run_mode(context.instance, h)},
         )
 
     return dg.ScheduleDefinition(
@@ -58,7 +69,8 @@ def build_schedule(h: Harvester, job: dg.JobDefinition) -> dg.ScheduleDefinition
         ),
         description=(
             f"Incremental harvest of {h.name} ({h.cron} {h.timezone}); each run resolves "
-            "its since when it starts (its tags show the value and its source)."
+            "its since when it starts (its tags show the value and its source) and is "
+            "tagged oaipmh/mode: full when no since is in force at the tick."
             if h.cron else f"{h.name} has no cron: this schedule never launches a run."
         ),
     )

@@ -5,6 +5,7 @@ as an observation of the harvester's `raw_records` asset, which runs read."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from oaipmh_dagster.contracts import ASSET_JOB_PREFIX, JOB_PREFIX, RAW_RECORDS, 
 from oaipmh_dagster.dagster_parts.assets import asset_keys
 from oaipmh_dagster.dagster_parts.since import (
     SENSOR_NAME,
+    current_states,
     parse_cursor,
     published_state,
     read_sensor_cursor,
@@ -28,6 +30,8 @@ from oaipmh_dagster.incremental import SinceState
 from oaipmh_dagster.registry import Harvester
 
 MAX_RUNS_PER_TICK = 500
+# Dagster stores the whole cursor in every tick row: one tick a minute at most.
+SENSOR_INTERVAL_SECONDS = 60
 # Harvesters whose cursor entry is refreshed from the published since per tick (so a
 # `since set` from the CLI shows in the cursor), round robin: bounded work per tick.
 REFRESH_PER_TICK = 50
@@ -66,66 +70,170 @@ class _Since:
         return incremental.scope(h.base_url, h.metadata_prefix, h.sets)
 
 
+# Sources of a since that this sensor publishes (the cursor it writes shows them); any
+# other source (`since set`, a removed harvester) may be newer than the cursor.
+_OWN_SOURCES = ("run ", "operator (cursor edit", "cursor (adopted)")
+
+
+@dataclass
+class Cursor:
+    """The since sensor's cursor, decoded. Only `since` grows with the harvesters (about
+    one entry of `"id":"datestamp",` each); the rest is a few dozen bytes."""
+
+    since: dict[str, Any]
+    watermark: str | None = None  # update time of the newest run processed ("now": none)
+    seen: list[str] = field(default_factory=list)  # run ids processed at the watermark
+    refresh: int = 0  # where the round robin of `_refresh` resumes
+    at: float | None = None  # when the sensor wrote it (epoch seconds)
+    # What the entries are compared with to find an operator's edits: a legacy cursor's
+    # `published` map, {} for an operator's bare mapping (its entries are the edits),
+    # None for the published sinces (read only when `edited`).
+    baseline: dict[str, Any] | None = None
+    edited: bool = False
+    fill: bool = False  # entries of harvesters missing from `since` come from the instance
+    adopt: bool = False  # a cursor of the first version: its entries become published
+
+
+def _digest(since: dict[str, Any]) -> str:
+    text = json.dumps(since, sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
+
+
+def encode_cursor(cursor: Cursor) -> str:
+    """The compact JSON the sensor stores: `since` (the contract: id -> datestamp), the
+    watermark, the runs seen at it, the refresh offset, the time it was written and a
+    digest of `since` that tells an operator's edit from the sensor's own writing."""
+    since = dict(sorted(cursor.since.items()))
+    return json.dumps({"since": since, "watermark": cursor.watermark, "seen": cursor.seen,
+                       "refresh": cursor.refresh, "at": round(cursor.at or 0, 3),
+                       "digest": _digest(since)}, separators=(",", ":"))
+
+
+def decode_cursor(text: str | None) -> tuple[Cursor, list[str]]:
+    """The stored cursor (any version, or an operator's edit) and its problems. Empty:
+    the watermark starts now, and the entries come from the published sinces (a run
+    before now that the sensor never published is still read by since resolution)."""
+    if not text:
+        return Cursor({}, "now", fill=True), []
+    data, problems = parse_cursor(text)
+    seen = [x for x in data.get("seen") or [] if isinstance(x, str)]
+    refresh = data.get("refresh")
+    cur = Cursor(dict(data["since"]), data.get("watermark"), seen,
+                 refresh if isinstance(refresh, int) else 0)
+    if isinstance(data.get("published"), dict):  # written by an earlier version
+        cur.baseline, cur.edited = dict(data["published"]), True
+    elif "digest" in data:
+        at = data.get("at")
+        cur.at = float(at) if isinstance(at, int | float) else None
+        cur.edited = data["digest"] != _digest(cur.since)
+    elif cur.watermark == "now":  # an operator's mapping, or an unreadable cursor
+        cur.baseline, cur.edited, cur.fill = {}, True, True
+    else:  # the first version: since and watermark only
+        cur.adopt = True
+    return cur, problems
+
+
 def evaluate(
     instance: dg.DagsterInstance, cursor: str | None, harvesters: Sequence[Harvester],
     location_name: str | None = None, now: datetime | None = None,
 ) -> Tick:
     """One tick: the operator's cursor edits, then successful runs since the watermark."""
     now = now or datetime.now(UTC)
-    data, problems = parse_cursor(cursor)
+    cur, problems = decode_cursor(cursor)
     lines = [f"cursor problem: {p}" for p in problems]
     by_id = {h.id: h for h in harvesters}
     view = _Since(instance, by_id)
-    since: dict[str, Any] = dict(data["since"])
-    bare = "published" not in data and data.get("watermark") == "now"
-    published: dict[str, Any] = dict(data.get("published") or {})
-    if "published" not in data and not bare:  # a cursor of an older version: adopt it
-        for hid, value in since.items():
-            if hid in by_id and incremental.readable(value) and view.get(hid) is None:
-                view.publish(hid, SinceState(value, view.scope(hid), False, now.timestamp(),
-                                             "cursor (adopted)"))
-            published[hid] = value
-    for hid in sorted(set(since) | set(published)):
-        if hid not in by_id or since.get(hid) == published.get(hid):
+    since = {hid: v for hid, v in cur.since.items() if hid in by_id}
+    if cur.adopt:
+        _adopt(view, since, now)
+    elif cur.edited:
+        _apply_edits(view, cur, since, now, lines)
+    if cur.fill:
+        _fill(view, since)
+    if cur.watermark == "now":
+        cur.watermark = now.isoformat()
+    watermark, seen = _advance(instance, cur, view, since, location_name, lines)
+    refresh = _refresh(view, since, cur.refresh)
+    new = Cursor(since, watermark, seen, refresh, now.timestamp())
+    return Tick(encode_cursor(new), view.events, lines)
+
+
+def _adopt(view: _Since, since: dict[str, Any], now: datetime) -> None:
+    """Publish a first-version cursor's entries where nothing is published yet."""
+    for hid, value in list(since.items()):
+        if incremental.readable(value) and view.get(hid) is None:
+            view.publish(hid, SinceState(value, view.scope(hid), False, now.timestamp(),
+                                         "cursor (adopted)"))
+
+
+def _baseline(view: _Since, cur: Cursor, hid: str) -> tuple[Any, bool]:
+    """What `hid`'s entry is compared with, and whether that value is newer than the
+    cursor the operator edited (then a differing entry is stale, not an edit)."""
+    if cur.baseline is not None:
+        return cur.baseline.get(hid), False
+    state = view.get(hid)
+    if state is None:
+        return None, False
+    newer = (cur.at is not None and state.at > cur.at
+             and not state.source.startswith(_OWN_SOURCES))
+    return state.value, newer
+
+
+def _apply_edits(view: _Since, cur: Cursor, since: dict[str, Any], now: datetime,
+                 lines: list[str]) -> None:
+    """Publish each entry an operator changed (a removed entry: a full harvest next)."""
+    ids = set(view.harvesters) if cur.baseline is None else set(since) | set(cur.baseline)
+    for hid in sorted(ids & set(view.harvesters)):
+        value, (was, newer) = since.get(hid), _baseline(view, cur, hid)
+        if value == was or (value is None and was in (None, "")):
             continue
-        value = since.get(hid)
-        if value in (None, ""):
+        if newer:
+            lines.append(f"{hid}: kept the since {was} set after the edited cursor was "
+                         "written (its entry there was older)")
+            _put(since, hid, was)
+        elif value in (None, ""):
             view.publish(hid, SinceState(None, view.scope(hid), True, now.timestamp(),
                                          "operator (cursor edit: reset)"))
             lines.append(f"{hid}: since reset by a cursor edit: the next harvest is full")
             since.pop(hid, None)
-            published.pop(hid, None)
         elif incremental.readable(value):
             view.publish(hid, SinceState(value, view.scope(hid), True, now.timestamp(),
                                          "operator (cursor edit)"))
             lines.append(f"{hid}: since set to {value} by a cursor edit")
-            published[hid] = value
         else:
             lines.append(f"{hid}: ignored the cursor's value {value!r}: not a datestamp "
                          "(YYYY-MM-DD or YYYY-MM-DDThh:mm:ssZ)")
-            if published.get(hid) is None:
-                since.pop(hid, None)
-            else:
-                since[hid] = published[hid]
-    watermark, seen = _advance(instance, data, view, since, published, location_name, now,
-                               lines)
-    refresh = _refresh(view, since, published, int(data.get("refresh") or 0))
-    new = json.dumps({"since": dict(sorted(since.items())),
-                      "published": dict(sorted(published.items())),
-                      "watermark": watermark, "seen": seen, "refresh": refresh},
-                     sort_keys=True)
-    return Tick(new, view.events, lines)
+            _put(since, hid, was)
+
+
+def _put(since: dict[str, Any], hid: str, value: Any) -> None:
+    if value in (None, ""):
+        since.pop(hid, None)
+    else:
+        since[hid] = value
+
+
+def _fill(view: _Since, since: dict[str, Any]) -> None:
+    """Entries for the harvesters the cursor lacks: their since in force, published
+    where successful runs recorded one the sensor has not published yet."""
+    missing = [hid for hid in sorted(view.harvesters) if hid not in since]
+    keys = {asset_keys(hid)[1]: hid for hid in missing}
+    for key, state in current_states(view.instance, list(keys)).items():
+        hid = keys[key]
+        published = view.get(hid)
+        if state is not None and state != published:
+            view.publish(hid, state)
+        if state is not None and state.value:
+            since[hid] = state.value
 
 
 def _advance(
-    instance: dg.DagsterInstance, data: dict[str, Any], view: _Since, since: dict,
-    published: dict, location_name: str | None, now: datetime, lines: list[str],
+    instance: dg.DagsterInstance, cur: Cursor, view: _Since, since: dict,
+    location_name: str | None, lines: list[str],
 ) -> tuple[str | None, list[str]]:
     """Publish the since of successful runs finished after the watermark."""
-    watermark = data.get("watermark")
-    if watermark == "now":  # an operator's bare mapping: do not replay older runs
-        watermark = now.isoformat()
-    seen: list[str] = [s for s in data.get("seen") or [] if isinstance(s, str)]
+    watermark = cur.watermark
+    seen = list(cur.seen)
     after = datetime.fromisoformat(watermark) if watermark else None
     records = instance.get_run_records(
         filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS], updated_after=after),
@@ -145,31 +253,38 @@ def _advance(
         origin = run.remote_job_origin
         if origin is not None and location_name and origin.location_name != location_name:
             continue  # another code location's run: its own sensor takes it
-        started = rec.start_time or rec.create_timestamp.timestamp()
-        for event in instance.get_records_for_run(
-            run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
-        ).records:
-            mat = event.event_log_entry.asset_materialization
-            hid = harvester_of(mat.asset_key.path, RAW_RECORDS) if mat is not None else None
-            if mat is None or hid is None or hid not in view.harvesters:
-                continue
-            value, scope = run_since(mat.metadata)
-            if value is None:
-                continue
-            state = incremental.after_run(view.get(hid), value, scope, started,
-                                          event.event_log_entry.timestamp,
-                                          f"run {run.run_id[:8]}")
-            if state is None:
-                lines.append(f"{hid}: run {run.run_id[:8]} leaves since as it is (it "
-                             "started before an operator's edit, or is not newer)")
-                continue
-            view.publish(hid, state)
-            lines.append(f"{hid}: since -> {value} (run {run.run_id[:8]})")
-            since[hid] = published[hid] = value
+        _publish_run(instance, rec, view, since, lines)
     return (after.isoformat() if after else watermark), seen
 
 
-def _refresh(view: _Since, since: dict, published: dict, offset: int) -> int:
+def _publish_run(instance: dg.DagsterInstance, rec: Any, view: _Since, since: dict,
+                 lines: list[str]) -> None:
+    """Publish the since a successful run's raw_records materializations recorded."""
+    run = rec.dagster_run
+    started = rec.start_time or rec.create_timestamp.timestamp()
+    for event in instance.get_records_for_run(
+        run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
+    ).records:
+        mat = event.event_log_entry.asset_materialization
+        hid = harvester_of(mat.asset_key.path, RAW_RECORDS) if mat is not None else None
+        if mat is None or hid is None or hid not in view.harvesters:
+            continue
+        value, scope = run_since(mat.metadata)
+        if value is None:
+            continue
+        state = incremental.after_run(view.get(hid), value, scope, started,
+                                      event.event_log_entry.timestamp,
+                                      f"run {run.run_id[:8]}")
+        if state is None:
+            lines.append(f"{hid}: run {run.run_id[:8]} leaves since as it is (it "
+                         "started before an operator's edit, or is not newer)")
+            continue
+        view.publish(hid, state)
+        lines.append(f"{hid}: since -> {value} (run {run.run_id[:8]})")
+        since[hid] = value
+
+
+def _refresh(view: _Since, since: dict, offset: int) -> int:
     """Mirror the published since of a slice of harvesters into the cursor."""
     ids = sorted(view.harvesters)
     if not ids:
@@ -181,11 +296,7 @@ def _refresh(view: _Since, since: dict, published: dict, offset: int) -> int:
         state = view.get(hid)
         if state is None:
             continue
-        if state.value:
-            since[hid] = published[hid] = state.value
-        else:
-            since.pop(hid, None)
-            published.pop(hid, None)
+        _put(since, hid, state.value)
     return (offset + REFRESH_PER_TICK) % len(ids)
 
 
@@ -203,7 +314,7 @@ def build_since_sensor(
 
     @dg.sensor(
         name=SENSOR_NAME,
-        minimum_interval_seconds=15,
+        minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
             "Publishes each harvester's since: the server's responseDate at the start of "

@@ -483,7 +483,7 @@ def test_since_sensor_cursor(dagster_ui: DagsterUI, page: Any, shot: Any) -> Non
 
     page.goto(f"/locations/{LOCATION}/sensors/{SENSOR}")
     cursor_cell = row_value(page, "Cursor").first
-    # The daemon evaluates the sensor every 15 s: reload until its cursor has the run.
+    # The daemon evaluates the sensor once a minute: reload until its cursor has the run.
     deadline = time.monotonic() + 120.0
     while True:
         expect(cursor_cell).to_be_visible(timeout=60_000)

@@ -2,7 +2,8 @@
 `oaipmh-dagster workspace --shards 3`). Each location serves only its shard's
 harvesters; `oaipmh-dagster harvester add` reloads only the location that holds the new
 harvester; its job runs there, and only that location's since sensor publishes its
-since."""
+since. Then a re-shard to four locations keeps the schedules switched on in the UI, of
+a harvester that moves and of one that stays."""
 
 from __future__ import annotations
 
@@ -20,11 +21,18 @@ from oaipmh_dagster.contracts import JOB_PREFIX, SENSOR_NAME, job_name, op_name
 from oaipmh_dagster.demo.dataset import SECONDS, make_dataset
 from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.shards import Shard, shard_of
-from oaipmh_dagster_tests.e2e.conftest import REPOSITORY, DagsterDev, wait_for
+from oaipmh_dagster_tests.e2e.conftest import (
+    REPOSITORY,
+    DagsterDev,
+    stop_process_group,
+    wait_for,
+)
 from oaipmh_dagster_tests.e2e.test_dagster_dev import (
     JOBS,
     LAUNCH,
+    SCHEDULE,
     SENSOR,
+    START_SCHEDULE,
     Steps,
     assert_success,
     run_next_since,
@@ -32,12 +40,13 @@ from oaipmh_dagster_tests.e2e.test_dagster_dev import (
 )
 from oaipmh_dagster_tests.helpers import add_harvester
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SHARDS = 3
 LOCATIONS = [Shard(i, SHARDS).location_name() for i in range(SHARDS)]
 CLI = Path(sys.executable).with_name("oaipmh-dagster")
-SENSOR_TIMEOUT = 90.0
+SENSOR_TIMEOUT = 180.0  # the sensor ticks once a minute
+YEARLY = "17 3 1 1 *"
 ENTRIES = """{ workspaceOrError { __typename ... on Workspace {
   locationEntries { name loadStatus updatedTimestamp } } } }"""
 
@@ -112,6 +121,13 @@ def _session(start_dagster_dev, tmp_path: Path, server: OAIServer,  # noqa: ANN0
     for ids in held.values():
         for hid in ids:
             add_harvester(hid, server.base_url)
+    # With a yearly cron and disabled: schedules stopped by default, switched on in step 3.
+    mover = next(f"e2e_mv_{k}" for k in count() if shard_of(f"e2e_mv_{k}", SHARDS + 1) == SHARDS)
+    stayer = next(f"e2e_st_{k}" for k in count()
+                  if shard_of(f"e2e_st_{k}", SHARDS + 1) == shard_of(f"e2e_st_{k}", SHARDS))
+    for hid in (mover, stayer):
+        add_harvester(hid, server.base_url, cron=YEARLY, enabled=False)
+        held[shard_of(hid, SHARDS)].append(hid)
     new_id = _ids("e2e_added", 1, 1)[0]
     holder = LOCATIONS[1]
 
@@ -167,3 +183,40 @@ def _session(start_dagster_dev, tmp_path: Path, server: OAIServer,  # noqa: ANN0
                          partial(_ticked_after, dev, location, ended),
                          SENSOR_TIMEOUT, interval=2.0, on_timeout=dev.log_tail)
         assert new_id not in _cursor_since(state), (location, state)
+
+    _reshard(start_dagster_dev, dev, tmp_path, step, mover, stayer)
+
+
+def _schedule(dev: DagsterDev, location: str, harvester_id: str) -> dict[str, Any]:
+    sel = {"repositoryLocationName": location, "repositoryName": REPOSITORY,
+           "scheduleName": job_name(harvester_id)}
+    return dev.graphql(SCHEDULE, {"sel": sel})["scheduleOrError"]
+
+
+def _reshard(start_dagster_dev, dev: DagsterDev, tmp_path: Path,  # noqa: ANN001
+             step: Steps, mover: str, stayer: str) -> None:
+    step("3. re-shard 3 -> 4 keeps the schedules switched on in the UI")
+    for hid in (mover, stayer):
+        location = LOCATIONS[shard_of(hid, SHARDS)]
+        assert _schedule(dev, location, hid)["scheduleState"]["status"] == "STOPPED"
+        sel = {"repositoryLocationName": location, "repositoryName": REPOSITORY,
+               "scheduleName": job_name(hid)}
+        started = dev.graphql(START_SCHEDULE, {"sel": sel})["startSchedule"]
+        assert started["__typename"] == "ScheduleStateResult", started
+    dev.close_instance()
+    stop_process_group(dev.process)
+    written = subprocess.run([str(CLI), "workspace", "--shards", str(SHARDS + 1)],
+                             env=dev.env(), capture_output=True, text=True, timeout=120,
+                             check=False)
+    assert written.returncode == 0, written.stderr
+    assert f"{mover}: on (from {LOCATIONS[shard_of(mover, SHARDS)]})" in written.stderr
+    workspace = tmp_path / "workspace-4.yaml"
+    workspace.write_text(written.stdout)
+    locations = [Shard(i, SHARDS + 1).location_name() for i in range(SHARDS + 1)]
+    assert locations[:SHARDS] == LOCATIONS  # no location was renamed
+    dev = start_dagster_dev(workspace, locations)
+    moved = _schedule(dev, locations[SHARDS], mover)
+    assert moved["__typename"] == "Schedule", moved
+    assert moved["scheduleState"]["status"] == "RUNNING", moved
+    stayed = _schedule(dev, LOCATIONS[shard_of(stayer, SHARDS)], stayer)
+    assert stayed["scheduleState"]["status"] == "RUNNING", stayed
