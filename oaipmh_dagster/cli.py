@@ -502,7 +502,11 @@ def harvest(harvester_id: str, since: str | None, until: str | None, full: bool,
         config["oai_ids"] = list(oai_ids)
     if sets:
         config["sets"] = list(sets)
-    ok, message = run_harvest_job(_instance(), harvester_id, config, verbose=_Settings.verbose)
+    from oaipmh_dagster.reload import holding_location_name
+
+    # The run belongs to the location's job (its Runs tab) when the location is known.
+    ok, message = run_harvest_job(_instance(), harvester_id, config, verbose=_Settings.verbose,
+                                  location=holding_location_name(harvester_id))
     if not ok:
         raise Failure(message if _Settings.verbose else
                       f"{message} (the run's log has the details; --verbose shows them here)")

@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 import dagster as dg
 
+from oaipmh_dagster.dagster_parts._private import execute_in_location
 from oaipmh_dagster.dagster_parts.assets import op_name
 from oaipmh_dagster.dagster_parts.listener import LISTENER_KEY, listener_resource
 from oaipmh_dagster.harvest import HarvestStats, Listener, Progress
@@ -90,9 +91,11 @@ def _sigterm_as_sigint() -> Iterator[None]:
 
 def run_harvest_job(
     instance: dg.DagsterInstance, harvester_id: str, config: dict[str, Any],
-    registry: Registry | None = None, verbose: bool = False,
+    registry: Registry | None = None, verbose: bool = False, location: str | None = None,
 ) -> tuple[bool, str]:
     """Execute `harvest_oaipmh_records_<id>` in-process; returns (success, summary line).
+    With `location` (the code location that holds the harvester) the run belongs to that
+    location's job as a launch from the UI does (the job's Runs tab lists it).
 
     Dagster's console log (with the traceback of a failure) reaches stderr only when
     `verbose`; the run's event log always has it."""
@@ -108,10 +111,11 @@ def run_harvest_job(
         "loggers": {"console": {"config": {"log_level": "INFO" if verbose else "CRITICAL"}}},
     }
     with _sigterm_as_sigint():
-        result = job.execute_in_process(
-            run_config=run_config, instance=instance, raise_on_error=False,
-            resources={LISTENER_KEY: listener_resource(_listener(finals))},
-        )
+        run_args: dict[str, Any] = {
+            "run_config": run_config, "raise_on_error": False,
+            "resources": {LISTENER_KEY: listener_resource(_listener(finals))}}
+        result = (execute_in_location(job, location, instance, **run_args) if location
+                  else job.execute_in_process(instance=instance, **run_args))
     if not result.success:
         failures = [
             error for ev in result.all_events

@@ -12,6 +12,8 @@ JOB_PREFIX = "harvest_oaipmh_records_"
 # Dagster's implicit asset job (the asset graph's Materialize button, backfills).
 ASSET_JOB_PREFIX = "__ASSET_JOB"
 OP_PREFIX = "harvest_"
+# The op that evaluates a code location's asset checks (see dagster_parts/checks.py).
+CHECKS_OP = "oaipmh_checks"
 HOST_POOL_PREFIX = "oaipmh/host/"
 
 
@@ -91,6 +93,9 @@ NEXT_SINCE_KEY = "oai/next_since"
 ADVANCES_SINCE_KEY = "oai/advances_since"
 SCOPE_KEY = "oai/scope"
 SINCE_NOTE_KEY = "oai/since_note"
+# the lists whose completeListSize the harvest judged, and those that ended short of it
+LISTS_JUDGED_KEY = "oai/lists_judged"
+SHORT_LISTS_KEY = "oai/short_lists"
 # raw_records observation metadata: the since in force (SINCE_KEY also on materializations)
 SINCE_KEY = "oai/since"
 SINCE_SOURCE_KEY = "oai/since_source"

@@ -18,6 +18,7 @@ from oaipmh_dagster.contracts import ROWS_KEY
 from oaipmh_dagster.dagster_parts._private import LoadContext
 from oaipmh_dagster.dagster_parts.alerts import build_alert_sensor
 from oaipmh_dagster.dagster_parts.assets import build_harvester_assets
+from oaipmh_dagster.dagster_parts.checks import build_location_checks
 from oaipmh_dagster.dagster_parts.jobs import build_harvest_job
 from oaipmh_dagster.dagster_parts.listener import LISTENER_KEY, listener_resource
 from oaipmh_dagster.dagster_parts.manage import build_manage_job, hosts_manage_job, registry_asset
@@ -83,6 +84,9 @@ def build_definitions(
         assets.extend(harvester_assets)
         jobs.append(job)
         schedules.append(build_schedule(h, job))
+    checks = build_location_checks(harvesters)
+    if checks is not None:
+        assets.append(checks)
     sensors = [build_since_sensor(harvesters, location_name)]
     alert = build_alert_sensor(harvesters, location_name)  # only with OAIPMH_ALERT_WEBHOOK
     if alert is not None:

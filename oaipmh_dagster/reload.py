@@ -183,6 +183,19 @@ def stop_schedule(
     return False, f"stopping schedule {name} at {url} failed: {result.get('message', result)}"
 
 
+def holding_location_name(harvester_id: str, url: str | None = None,
+                          timeout: float = 10.0) -> str | None:
+    """The name of the code location that holds `harvester_id`: the one
+    `OAIPMH_DAGSTER_LOCATION` names, else the one found among the webserver's locations;
+    None when no webserver answers (or none of its locations holds it). Never raises."""
+    url = (url or os.environ.get(WEBSERVER_ENV) or DEFAULT_WEBSERVER).rstrip("/")
+    try:
+        with httpx.Client(timeout=httpx.Timeout(timeout, connect=2.0)) as client:
+            return _location(client, url, None, harvester_id)
+    except (NoHoldingLocation, httpx.HTTPError, KeyError, TypeError, ValueError):
+        return None
+
+
 def _graphql(client: httpx.Client, url: str, query: str, variables: dict) -> dict:
     resp = client.post(f"{url}/graphql", json={"query": query, "variables": variables})
     resp.raise_for_status()

@@ -180,3 +180,6 @@ def test_contract_names() -> None:
     assert job.tags == {"oaipmh/harvester": "a_1", "oaipmh/host": "example.org:8080"}
     assert [n.name for n in job.graph.node_defs] == [contracts.op_name("a_1")]
     assert job.graph.node_defs[0].pool == contracts.host_pool("example.org:8080")
+    # The location's check op reads the store: it takes no slot of a host's pool.
+    asset_job = build_definitions([h]).resolve_implicit_global_asset_job_def()
+    assert asset_job.graph.node_named(contracts.CHECKS_OP).definition.pool is None

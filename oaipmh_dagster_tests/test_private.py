@@ -61,6 +61,35 @@ def test_build_job_holds_only_its_own_assets() -> None:
     assert [n.name for n in job.graph.node_defs] == ["harvest_p"]
 
 
+def test_execute_in_location_gives_the_run_its_remote_origin(sqlite_url: str) -> None:
+    op_ran = []
+
+    @dg.op
+    def noop() -> None:
+        op_ran.append(True)
+
+    @dg.job(name="harvest_oaipmh_records_o", tags={"oaipmh/harvester": "o"})
+    def job() -> None:
+        noop()
+
+    with dg.instance_for_test() as instance:
+        result = _private.execute_in_location(job, "here", instance, raise_on_error=False)
+        assert result.success and op_ran
+        run = instance.get_run_by_id(result.run_id)
+        origin = run.remote_job_origin
+        assert (origin.location_name, origin.job_name) == ("here", job.name)
+        assert origin.repository_origin.repository_name == _private.REPOSITORY_NAME
+        label = f"{_private.REPOSITORY_NAME}@here"
+        assert run.tags["oaipmh/harvester"] == "o"
+        found = instance.get_run_records(dg.RunsFilter(
+            job_name=job.name, tags={_private.REPOSITORY_LABEL_TAG: label}))
+        assert [r.dagster_run.run_id for r in found] == [result.run_id]
+        # The instance is left as it was: the next in-process run has no origin.
+        assert "create_run_for_job" not in vars(instance)
+        plain = job.execute_in_process(instance=instance)
+        assert instance.get_run_by_id(plain.run_id).remote_job_origin is None
+
+
 def test_load_context_outside_a_code_location_load() -> None:
     context = _private.LoadContext()
     assert context.location_name is None

@@ -12,6 +12,7 @@ import dagster as dg
 import pytest
 
 from oaipmh_dagster import cli
+from oaipmh_dagster.dagster_parts.assets import asset_keys
 from oaipmh_dagster.demo.dataset import Dataset, make_dataset
 from oaipmh_dagster.harvest import harvest
 from oaipmh_dagster.store import Store
@@ -19,6 +20,7 @@ from oaipmh_dagster_tests.helpers import add_harvester
 from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 from oaipmh_dagster_tests.oaiserver import RequestInfo
 from oaipmh_dagster_tests.test_since import list_froms, raw_meta, run_job, since_of, tick
+from oaipmh_dagster_tests.test_ui_launches import execute_check
 
 T1 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -83,6 +85,13 @@ def test_short_list_keeps_records_but_not_since(database_url: str, server: OAISe
                for line in warnings_of(instance, result.run_id))
     checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
     assert not checks["complete_list_size_matches"].passed
+    # Executed alone (the check's Execute button), it judges that harvest the same way.
+    _, raw_key, _ = asset_keys("short")
+    alone = execute_check(h, instance, dg.AssetCheckKey(raw_key, "complete_list_size_matches"))
+    (evaluation,) = alone.get_asset_check_evaluations()
+    assert not evaluation.passed
+    assert evaluation.metadata["short_lists"].value == checks[
+        "complete_list_size_matches"].metadata["short_lists"].value
     # The next run asks again from the old since: none, so in full.
     tick(instance, None, h)
     assert since_of(instance, h) is None

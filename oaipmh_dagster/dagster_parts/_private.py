@@ -43,12 +43,22 @@ Why each stays private, and the public fallback:
   holds the harvester into the registry's `enabled` (the schedule's default status in
   its new location), then deletes it. Fallback: a moved harvester's schedule returns to
   its registry default.
+- `execute_in_location`: `oaipmh-dagster harvest` runs the harvester's job in process,
+  its run created with the remote origin a launch from the webserver gives it (code
+  location, repository, job), so the job's Runs tab (which filters by job name and the
+  repository label tag that origin writes) lists it, and the UI can re-execute it.
+  `execute_in_process` and `execute_job` take no origin: it is added to the run that
+  `execute_in_process` creates, by wrapping that one call of the instance.
+  Fallback: pass the label tag (`REPOSITORY_LABEL_TAG`, a hidden Dagster tag) as a run
+  tag (listed, but no origin: no re-execution from the UI).
 - `forget_defs_state_storage`: tests reset the instance Dagster remembers in a context
   variable between instances (no fallback needed outside tests).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,11 +75,24 @@ from dagster._core.definitions.metadata.metadata_value import (
     CodeLocationReconstructionMetadataValue,
 )
 from dagster._core.definitions.repository_definition import RepositoryLoadData
+from dagster._core.definitions.repository_definition.valid_definitions import (
+    SINGLETON_REPOSITORY_NAME,
+)
 from dagster._core.definitions.utils import check_valid_name
 from dagster._core.execution.with_resources import wrap_resources_for_execution
+from dagster._core.remote_origin import (
+    ManagedGrpcPythonEnvCodeLocationOrigin,
+    RemoteJobOrigin,
+    RemoteRepositoryOrigin,
+)
 from dagster._core.scheduler.instigation import InstigatorStatus, InstigatorType
+from dagster._core.storage.tags import REPOSITORY_LABEL_TAG as REPOSITORY_LABEL_TAG  # re-exported
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
 WRITTEN_FOR = "1.13.27"
+# The repository a code location's `Definitions` become, and the run tag Dagster writes
+# from a run's remote origin ("<repository>@<location>": the job's Runs tab filters by it).
+REPOSITORY_NAME = SINGLETON_REPOSITORY_NAME
 
 
 def renamed_op(
@@ -227,3 +250,34 @@ def forget_defs_state_storage() -> None:
     from dagster._core.storage.defs_state.base import _current_storage
 
     _current_storage.set(None)
+
+
+def job_origin(location_name: str, job_name: str,
+               module: str = "oaipmh_dagster.definitions") -> RemoteJobOrigin:
+    """The remote origin of job `job_name` of code location `location_name`, as the
+    webserver gives it to a run of a `python_module` workspace entry."""
+    target = LoadableTargetOrigin(executable_path=sys.executable, module_name=module,
+                                  working_directory=os.getcwd())
+    location = ManagedGrpcPythonEnvCodeLocationOrigin(target, location_name)
+    return RemoteJobOrigin(RemoteRepositoryOrigin(location, REPOSITORY_NAME), job_name)
+
+
+def execute_in_location(job: dg.JobDefinition, location_name: str,
+                        instance: dg.DagsterInstance, **kwargs: Any) -> dg.ExecuteInProcessResult:
+    """`job.execute_in_process(instance=instance, **kwargs)`, its run created with the
+    remote origin of `job` in code location `location_name`."""
+    origin = job_origin(location_name, job.name)
+    create = instance.create_run_for_job
+
+    def create_in_location(*args: Any, **run_kwargs: Any) -> dg.DagsterRun:
+        return create(*args, **{**run_kwargs, "remote_job_origin": origin})
+
+    instance.create_run_for_job = create_in_location  # type: ignore[method-assign]
+    try:
+        result = job.execute_in_process(instance=instance, **kwargs)
+    finally:
+        del instance.create_run_for_job
+    if result.dagster_run.remote_job_origin != origin:
+        raise RuntimeError("execute_in_process no longer creates its run through "
+                           "DagsterInstance.create_run_for_job: see _private.py")
+    return result

@@ -1,5 +1,6 @@
 """Per-harvester assets: `oaipmh/<id>/source` (the endpoint) -> `raw_records` ->
-`records`, materialized by one op (raw first, then records)."""
+`records`, materialized by one op (raw first, then records). Their asset checks are
+declared in `checks`; the harvester's own job evaluates them in this op."""
 
 
 import functools
@@ -15,11 +16,14 @@ from oaipmh_dagster.contracts import (
     CHECK_NO_FAILED,
     CHECK_SCHEMA_VALID,
     HARVESTER_TAG,
+    HOST_TAG,
+    LISTS_JUDGED_KEY,
     NEXT_SINCE_KEY,
     RECONCILE_TAG,
     RESPONSE_DATE_KEY,
     SCHEDULE_TAG,
     SCOPE_KEY,
+    SHORT_LISTS_KEY,
     SINCE_KEY,
     SINCE_NOTE_KEY,
     SINCE_SOURCE_KEY,
@@ -33,11 +37,11 @@ from oaipmh_dagster.contracts import (
 from oaipmh_dagster.contracts import host_pool as _host_pool
 from oaipmh_dagster.dagster_parts._private import renamed_op
 from oaipmh_dagster.dagster_parts.catalog import asset_owners, asset_tags
+from oaipmh_dagster.dagster_parts.checks import as_evaluation, evaluate_checks
 from oaipmh_dagster.dagster_parts.config import HarvestConfig
 from oaipmh_dagster.dagster_parts.freshness import freshness_policy
 from oaipmh_dagster.dagster_parts.listener import LISTENER_KEY
 from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
-from oaipmh_dagster.dagster_parts.schema_check import schema_check_result, schema_check_spec
 from oaipmh_dagster.dagster_parts.since import ResolvedSince, resolve_since
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.rows import retransform
@@ -108,36 +112,21 @@ def build_harvester_assets(h: Harvester) -> list[dg.AssetsDefinition]:
             skippable=True,
         ),
     ]
-    checks = [
-        dg.AssetCheckSpec(CHECK_NO_FAILED, asset=records_key,
-                          description="No record failed to transform (warning)."),
-        dg.AssetCheckSpec(CHECK_COMPLETE, asset=raw_key,
-                          description="Every list delivered at least the completeListSize its "
-                          "first page announced (windowed lists are not judged)."),
-    ]
-
-    check_specs = {CHECK_NO_FAILED: checks[0], CHECK_COMPLETE: checks[1]}
-    schema_spec = schema_check_spec(h, raw_key)
-    if schema_spec is not None:
-        check_specs[CHECK_SCHEMA_VALID] = schema_spec
-    op = renamed_op(_harvest_op(schema_spec is not None), op_name(h.id), f"Harvest {h.name} ({h.base_url}).",
+    op = renamed_op(_harvest_op(), op_name(h.id), f"Harvest {h.name} ({h.base_url}).",
                     pool=host_pool(h))
     harvest_assets = dg.AssetsDefinition(
         keys_by_input_name={},
         keys_by_output_name={"raw_records": raw_key, "records": records_key},
         node_def=op,
         can_subset=True,
-        check_specs_by_output_name=check_specs,
         specs=specs,
     )
     return [dg.AssetsDefinition(specs=[source]), harvest_assets]
 
 
 @functools.cache
-def _harvest_op(schema_check: bool = False) -> dg.OpDefinition:
-    """The op every harvester's assets share, renamed per harvester (a second one, with
-    the `schema_valid` check's output, for harvesters that validate: every output of an
-    op must belong to an asset or a check).
+def _harvest_op() -> dg.OpDefinition:
+    """The op every harvester's assets share, renamed per harvester.
 
     Its outputs have the same names for every harvester, so one op definition (config
     schema, outputs, resources) serves them all: building it per harvester with the
@@ -146,9 +135,7 @@ def _harvest_op(schema_check: bool = False) -> dg.OpDefinition:
     keys; the op's harvester is the one its asset keys name."""
     @dg.op(
         name="harvest",
-        out={name: dg.Out(dg.Nothing, is_required=False) for name in (
-            "raw_records", "records", CHECK_NO_FAILED, CHECK_COMPLETE,
-            *([CHECK_SCHEMA_VALID] if schema_check else []))},
+        out={name: dg.Out(dg.Nothing, is_required=False) for name in ("raw_records", "records")},
         config_schema=HARVEST_CONFIG_SCHEMA,
         required_resource_keys={"oaipmh_db", LISTENER_KEY},
     )
@@ -174,6 +161,7 @@ def run_harvest(
 ) -> Any:
     """The op body: harvest (raw_records) and/or re-transform (records), then report."""
     h = oaipmh_db.harvester(harvester_id)
+    tag_run(context, h)
     store = Store(oaipmh_db.engine())
     _, raw_key, records_key = asset_keys(h.id)
     selected = context.selected_asset_keys
@@ -225,9 +213,7 @@ def run_harvest(
         if note:
             context.log.warning(str(note))
         yield dg.MaterializeResult(asset_key=raw_key, metadata=meta)
-        yield _complete_check(stats, raw_key)
-        if dg.AssetCheckKey(raw_key, CHECK_SCHEMA_VALID) in context.selected_asset_check_keys:
-            yield schema_check_result(store, h, raw_key)
+        log_own_checks(context, h, {CHECK_COMPLETE, CHECK_SCHEMA_VALID})
         counts = {"new": stats.new, "updated": stats.updated, "deleted": stats.deleted,
                   "failed": stats.failed, "failed_ids": stats.failed_ids}
     else:
@@ -246,13 +232,38 @@ def run_harvest(
             store, h, counts, run_id=context.run_id,
             previous=latest_metadata(context.instance, records_key) if unchanged else None)
         yield dg.MaterializeResult(asset_key=records_key, metadata=records_meta)
-        failed = store.failed_identifiers(h.id, limit=10)
-        yield dg.AssetCheckResult(
-            asset_key=records_key, check_name=CHECK_NO_FAILED, passed=not failed,
-            severity=dg.AssetCheckSeverity.WARN,
-            metadata={"failed_sample": ", ".join(failed) or "none",
-                      "failed_in_store": records_meta["failed_in_store"]},
-        )
+        log_own_checks(context, h, {CHECK_NO_FAILED})
+
+
+def log_own_checks(context: dg.AssetExecutionContext, h: Harvester, names: set[str]) -> None:
+    """In the harvester's own job, evaluate its checks `names` after the materialization
+    they judge and log their evaluations. The job holds no check op (one per harvester
+    job cost load time); elsewhere the code location's check op evaluates the selected
+    checks after the harvest."""
+    if context.job_name != h.job_name:
+        return
+    for result in evaluate_checks(context.instance, context.resources.oaipmh_db, h.id, names):
+        context.log_event(as_evaluation(result))
+
+
+def tag_run(context: dg.AssetExecutionContext, h: Harvester) -> None:
+    """Give a run that materializes this harvester's assets alone its harvester and host
+    tags when it was launched without them (the asset graph's Materialize, a backfill:
+    Dagster's implicit asset job carries no harvester's tags), so the views and guards
+    that find a harvester's runs by tag (the schedule's skip, `harvester list`, the Runs
+    page filter, the run queue's limits for runs queued after it) see it once it runs.
+    A run of several harvesters' assets cannot carry one harvester's tags: it is left
+    alone (the op's host pool and the store's lease still hold for it)."""
+    run = context.dagster_run
+    wanted = {HARVESTER_TAG: h.id, HOST_TAG: h.host}
+    if all(run.tags.get(key) == value for key, value in wanted.items()):
+        return
+    selection = run.asset_selection  # None: every asset of a job (not one harvester's)
+    if selection is None or {harvester_of(key.path) for key in selection} != {h.id}:
+        context.log.info("this run materializes the assets of several harvesters: it "
+                         "carries no harvester's tags")
+        return
+    context.instance.add_run_tags(run.run_id, wanted)
 
 
 def wants_reconcile(instance: dg.DagsterInstance, run: dg.DagsterRun, h: Harvester,
@@ -297,6 +308,8 @@ def raw_metadata(stats: harvest_mod.HarvestStats, resolved: ResolvedSince) -> di
         SINCE_SOURCE_KEY: resolved.source,
         "oai/until": stats.until or "",
         "oai/granularity": stats.granularity,
+        LISTS_JUDGED_KEY: stats.lists_judged,
+        SHORT_LISTS_KEY: "; ".join(map(harvest_mod.describe_short, stats.short_lists)),
         "oai/sets": ", ".join(stats.sets) or "(all)",
         "records": stats.records,
         "new": stats.new,
@@ -325,28 +338,6 @@ def raw_metadata(stats: harvest_mod.HarvestStats, resolved: ResolvedSince) -> di
                      "oai/reconcile_kept": r.kept,
                      "oai/reconcile_vanished": r.vanished})
     return meta
-
-
-def _complete_check(stats: harvest_mod.HarvestStats, raw_key: dg.AssetKey) -> dg.AssetCheckResult:
-    """Fails when a list ended short of the completeListSize its first page announced (the
-    same lists that keep since from advancing)."""
-    if stats.short_lists:
-        return dg.AssetCheckResult(
-            asset_key=raw_key, check_name=CHECK_COMPLETE, passed=False,
-            metadata={"short_lists": "; ".join(map(harvest_mod.describe_short,
-                                                   stats.short_lists)),
-                      "lists_judged": stats.lists_judged},
-        )
-    if not stats.lists_judged:
-        return dg.AssetCheckResult(
-            asset_key=raw_key, check_name=CHECK_COMPLETE, passed=True,
-            metadata={"note": "no list to judge: none announced a completeListSize, or the "
-                      "harvest was windowed (a window's size is partial) or by identifier"},
-        )
-    return dg.AssetCheckResult(
-        asset_key=raw_key, check_name=CHECK_COMPLETE, passed=True,
-        metadata={"lists_judged": stats.lists_judged},
-    )
 
 
 def records_metadata(store: Store, h: Harvester, counts: dict, *, run_id: str,
