@@ -381,6 +381,25 @@ def _harvester(harvester_id: str) -> Harvester:
         raise Failure(str(exc)) from exc
 
 
+def _records_of(harvester_id: str) -> Registry:
+    """The registry, once `harvester_id` names a harvester or records stored under it
+    (a removed harvester's kept records); else one failure line, before anything is
+    written."""
+    registry = _registry()
+    try:
+        registry.get(harvester_id)
+        return registry
+    except InvalidHarvester:
+        return registry  # its row is broken, its records are not
+    except HarvesterNotFound as exc:
+        from oaipmh_dagster.record_query import has_records
+
+        if not has_records(registry.engine, harvester_id):
+            raise Failure(f"{exc} and no records stored under that id (see "
+                          "`oaipmh-dagster harvester list`)") from exc
+    return registry
+
+
 @since.command("show")
 @click.argument("harvester_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="As a JSON object.")
@@ -551,7 +570,8 @@ def records(harvester_id: str, errors_only: bool, since: str | None, set_spec: s
         raise UsageProblem("--id: an OAI identifier cannot be empty")
     selection = Selection(since=_user_datetime("since", since), set_spec=set_spec,
                           deleted=deleted, oai_id=oai_id, errors_only=errors_only)
-    items = select_records(_registry().engine, harvester_id, selection, with_raw=raw)
+    items = select_records(_records_of(harvester_id).engine, harvester_id, selection,
+                           with_raw=raw)
     if limit is not None:
         items = islice(items, limit)
     if oai_id is not None:
@@ -624,13 +644,13 @@ def profile(harvester_id: str, as_json: bool, max_records: int) -> None:
     from oaipmh_dagster.profile import bar, coverage_rows, note, percent, profile_store
     from oaipmh_dagster.store import Store
 
-    h = _harvester(harvester_id)
-    p = profile_store(Store(_registry().engine), h.id, max_records=max_records or None)
+    registry = _records_of(harvester_id)
+    p = profile_store(Store(registry.engine), harvester_id, max_records=max_records or None)
     if as_json:
         _echo_json(p.to_json())
         return
     if not p.records:
-        click.echo(f"no live records of {h.id}")
+        click.echo(f"no live records of {harvester_id}")
         return
     from tabulate import tabulate
 
@@ -663,7 +683,7 @@ def export(harvester_id: str, fmt: str, output: str) -> None:
 
     try:
         Destination.resolve(output, fmt)  # before the database is touched
-        n = do_export(Store(_registry().engine), harvester_id, fmt, output)
+        n = do_export(Store(_records_of(harvester_id).engine), harvester_id, fmt, output)
     except BadDestination as exc:
         raise UsageProblem(str(exc)) from exc
     except ExportError as exc:

@@ -436,7 +436,8 @@ def test_records_json(run, database_url: str) -> None:
     assert len(json.loads(run("records", "demo", "--json", "--limit", "2").out)) == 2
     r = run("records", "demo")
     assert r.code == 0 and "oai:x:1" in r.out and "deleted" in r.out
-    assert json.loads(run("records", "unknown", "--json").out) == []
+    r = run("records", "unknown", "--json")  # neither registered nor holding records
+    assert (r.code, r.out) == (1, "") and "no harvester 'unknown'" in r.error_line
 
 
 def test_records_after_a_real_harvest(run, database_url: str, server: OAIServer) -> None:

@@ -346,6 +346,16 @@ def test_export_to_a_character_device(capsys: pytest.CaptureFixture[str], stored
     assert sorted(p.name for p in tmp_path.iterdir()) == ["null"]
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_export_of_an_unknown_harvester_writes_nothing(
+        capsys: pytest.CaptureFixture[str], stored: Store, tmp_path: Path, fmt: str) -> None:
+    target = folder(tmp_path) / f"out.{fmt}"
+    code, out, err = run(capsys, "export", "nope", "--format", fmt, "--output", str(target))
+    assert code == 1
+    assert one_error_line(err).startswith("oaipmh-dagster: error: no harvester 'nope'")
+    assert out == "" and list(target.parent.iterdir()) == []
+
+
 def test_export_to_dev_null(capsys: pytest.CaptureFixture[str], stored: Store) -> None:
     code, out, err = run(capsys, "export", "h", "--format", "csv", "--output", os.devnull)
     assert code == 0, err
