@@ -15,11 +15,14 @@ from typing import Any, Protocol
 from oaipmh_dagster.contracts import job_name
 from oaipmh_dagster.errors import OAIPMHDagsterError
 from oaipmh_dagster.registry import (
+    BUILTIN_READS,
     Harvester,
     HarvesterExists,
     HarvesterNotFound,
     InvalidHarvester,
     Registry,
+    default_transformer,
+    transformer_fits,
     validate_cron,
     validate_id,
     validate_timezone,
@@ -28,7 +31,7 @@ from oaipmh_dagster.registry import (
 from oaipmh_dagster.words import count
 
 __all__ = ["HTTP_FIELDS", "AdminError", "Change", "InstanceSide", "Line", "add_harvester",
-           "remove_harvester", "resolve_schema", "update_harvester"]
+           "remove_harvester", "resolve_schema", "transformer_for_prefix", "update_harvester"]
 
 # Optional row fields the command line calls its HTTP options (None: the row's default).
 HTTP_FIELDS = ("timeout", "delay", "max_parallel", "max_retries", "auth_env", "overlap",
@@ -165,6 +168,34 @@ def _schema_change(current: Harvester, changes: dict[str, Any], validate: str | 
         changes["schema"] = resolve_schema("", prefix)
 
 
+def transformer_for_prefix(current: Harvester, changes: dict[str, Any]) -> list[Line]:
+    """Put into `changes` the transformer a changed prefix needs, and say so: the old
+    prefix's default follows to the new prefix's default; a transformer chosen explicitly
+    (given in `changes`, or set before to another than the old default) is kept, with a
+    warning when it is a built-in made for other records."""
+    prefix = changes.get("metadata_prefix", current.metadata_prefix)
+    if prefix == current.metadata_prefix:
+        return []
+    default = default_transformer(prefix)
+    lines = []
+    if "transformer" not in changes:
+        if current.transformer == default_transformer(current.metadata_prefix):
+            if current.transformer != default:
+                changes["transformer"] = default
+                lines.append(Line(f"transformer follows the prefix: {current.transformer} "
+                                  f"-> {default}"))
+            return lines
+        if current.transformer != default:
+            lines.append(Line(f"transformer {current.transformer} kept: it was chosen "
+                              f"explicitly (the default for {prefix} is {default})"))
+    name = changes.get("transformer", current.transformer)
+    if transformer_fits(name, prefix) is False:
+        lines.append(Line(f"transformer {name} reads {BUILTIN_READS[name]} records, not {prefix}: "
+                          f"its records will fail to transform (--transformer {default} "
+                          "sets the default)", note=True))
+    return lines
+
+
 def probe(url: str, prefix: str, timeout: float, sets: tuple[str, ...] = ()) -> str:
     """Identify + ListMetadataFormats (+ ListSets when `sets` are given); refuse a prefix
     the server does not offer or a set it does not list. Returns the repository name."""
@@ -269,6 +300,21 @@ def add_harvester(
     return change
 
 
+def _selection_change(changes: dict[str, Any], url: str | None, prefix: str | None,
+                      sets: tuple[str, ...], all_sets: bool) -> None:
+    """Put the URL, prefix and sets an update asks for into `changes`."""
+    if url is not None:
+        changes["base_url"] = url
+    if prefix is not None:
+        changes["metadata_prefix"] = prefix
+    if sets and all_sets:
+        raise AdminError("--set and --all-sets exclude each other", usage=True)
+    if sets:
+        changes["sets"] = tuple(sets)
+    if all_sets:
+        changes["sets"] = ()
+
+
 def update_harvester(
     registries: Registries, harvester_id: str, *, url: str | None = None,
     prefix: str | None = None, sets: tuple[str, ...] = (), all_sets: bool = False,
@@ -293,21 +339,13 @@ def update_harvester(
         changes["cron"] = cron
     if changes.get("reconcile_every") == 0:
         changes["reconcile_every"] = None
-    if url is not None:
-        changes["base_url"] = url
-    if prefix is not None:
-        changes["metadata_prefix"] = prefix
-    if sets and all_sets:
-        raise AdminError("--set and --all-sets exclude each other", usage=True)
-    if sets:
-        changes["sets"] = tuple(sets)
-    if all_sets:
-        changes["sets"] = ()
+    _selection_change(changes, url, prefix, sets, all_sets)
     if no_cron:
         if changes.get("cron"):
             raise AdminError("--cron and --no-cron exclude each other", usage=True)
         changes["cron"] = None
     _schema_change(current, changes, validate, no_validate)
+    said = transformer_for_prefix(current, changes)
     if not changes:
         raise AdminError("nothing to update: give at least one option", usage=True)
     try:
@@ -325,6 +363,7 @@ def update_harvester(
         raise AdminError(str(exc)) from exc
     change = Change("update", harvester_id, new, tuple(sorted(changes)))
     change.say(f"updated harvester {harvester_id}: {', '.join(change.fields)}")
+    change.lines.extend(said)
     if SELECTION & changes.keys() and (
         (new.base_url, new.metadata_prefix, set(new.sets))
         != (current.base_url, current.metadata_prefix, set(current.sets))

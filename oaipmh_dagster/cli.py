@@ -17,6 +17,7 @@ import click
 import sqlalchemy as sa
 
 from oaipmh_dagster import db
+from oaipmh_dagster.cli_stdout import READER_GONE, guard_closed_stdout, quiet_stdout, reader_gone
 from oaipmh_dagster.registry import (
     Harvester,
     HarvesterNotFound,
@@ -68,7 +69,29 @@ class _Settings:
     verbose = False
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _ReaderGone(Exception):
+    """stdout's reader went away (`| head`): the command ends quietly."""
+
+
+def _reader_went_away(exc: BrokenPipeError) -> NoReturn:
+    """Raise `_ReaderGone` when `exc` came from stdout, else `exc` itself."""
+    if reader_gone():
+        raise _ReaderGone from exc
+    raise exc
+
+
+class _Commands(click.Group):
+    """The command group; a write to a stdout whose reader went away ends the command
+    with `_ReaderGone` (click alone would exit 1)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as exc:
+            _reader_went_away(exc)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="oaipmh-dagster")
 @click.option("--verbose", "-v", is_flag=True, help="Show Dagster's run log and full "
               "tracebacks on stderr (otherwise an error is one line).")
@@ -402,6 +425,25 @@ def _harvester(harvester_id: str) -> Harvester:
         raise _not_found(exc) from exc
 
 
+def _records_of(harvester_id: str) -> Registry:
+    """The registry, once `harvester_id` names a harvester or records stored under it
+    (a removed harvester's kept records); else one failure line, before anything is
+    written."""
+    registry = _registry()
+    try:
+        registry.get(harvester_id)
+        return registry
+    except InvalidHarvester:
+        return registry  # its row is broken, its records are not
+    except HarvesterNotFound as exc:
+        from oaipmh_dagster.record_query import has_records
+
+        if not has_records(registry.engine, harvester_id):
+            raise Failure(f"{exc} and no records stored under that id in {db.where()} "
+                          "(see `oaipmh-dagster harvester list`)") from exc
+    return registry
+
+
 @since.command("show")
 @click.argument("harvester_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="As a JSON object.")
@@ -573,7 +615,8 @@ def records(harvester_id: str, errors_only: bool, since: str | None, set_spec: s
         raise UsageProblem("--id: an OAI identifier cannot be empty")
     selection = Selection(since=_user_datetime("since", since), set_spec=set_spec,
                           deleted=deleted, oai_id=oai_id, errors_only=errors_only)
-    items = select_records(_registry().engine, harvester_id, selection, with_raw=raw)
+    items = select_records(_records_of(harvester_id).engine, harvester_id, selection,
+                           with_raw=raw)
     if limit is not None:
         items = islice(items, limit)
     if oai_id is not None:
@@ -647,13 +690,13 @@ def profile(harvester_id: str, as_json: bool, max_records: int) -> None:
     from oaipmh_dagster.profile import bar, coverage_rows, note, percent, profile_store
     from oaipmh_dagster.store import Store
 
-    h = _harvester(harvester_id)
-    p = profile_store(Store(_registry().engine), h.id, max_records=max_records or None)
+    registry = _records_of(harvester_id)
+    p = profile_store(Store(registry.engine), harvester_id, max_records=max_records or None)
     if as_json:
         _echo_json(p.to_json())
         return
     if not p.records:
-        click.echo(f"no live records of {h.id}")
+        click.echo(f"no live records of {harvester_id}")
         return
     from tabulate import tabulate
 
@@ -680,19 +723,19 @@ def export(harvester_id: str, fmt: str, output: str) -> None:
              and errors JSON strings.
     csv:     one column per metadata field (metadata.<field>, lists joined by ' | ').
     jsonl:   one JSON object per line, as `records --json`."""
-    from oaipmh_dagster.export import STDOUT, BadDestination, Destination, ExportError
+    from oaipmh_dagster.export import BadDestination, Destination, ExportError
     from oaipmh_dagster.export import export as do_export
     from oaipmh_dagster.store import Store
 
     try:
-        Destination.resolve(output, fmt)  # before the database is touched
-        n = do_export(Store(_registry().engine), harvester_id, fmt, output)
+        to = Destination.resolve(output, fmt)  # before the database is touched
+        n = do_export(Store(_records_of(harvester_id).engine), harvester_id, fmt, output)
     except BadDestination as exc:
         raise UsageProblem(str(exc)) from exc
     except ExportError as exc:
         raise Failure(str(exc)) from exc
     click.echo(f"wrote {count(n, 'record')} of {harvester_id} to {output}",
-               err=output == STDOUT)
+               err=to.path is None)
 
 
 @cli.command()
@@ -790,11 +833,25 @@ def _fail(exc: BaseException, message: object, code: int = 1) -> NoReturn:
     _error(message, code)
 
 
+def _flush_stdout() -> None:
+    """Flush stdout before exiting, so that a failed write is reported, not ignored."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError as exc:
+        _reader_went_away(exc)
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
-    """Console entry point: one line on stderr per error, exit 2 (usage) or 1 (failure)."""
+    """Console entry point: one line on stderr per error, exit 2 (usage) or 1 (failure);
+    141 without a word when stdout's reader went away (see `cli_stdout`)."""
     _Settings.verbose = False
+    guard_closed_stdout()
     try:
         cli.main(args=argv, prog_name="oaipmh-dagster", standalone_mode=False)
+        _flush_stdout()
+    except _ReaderGone:
+        quiet_stdout()
+        sys.exit(READER_GONE)
     except click.exceptions.Abort:
         click.echo("oaipmh-dagster: aborted", err=True)
         sys.exit(1)

@@ -124,7 +124,8 @@ def run_harvest_job(
         ]
         if any(_interrupted(error) for error in failures):
             return False, (f"run {result.run_id} interrupted: the harvest stopped; the pages "
-                           "stored so far are kept and the next harvest resumes from them")
+                           "stored so far are kept, and the same harvest run again resumes "
+                           "after them")
         errors = [_root_cause(error) for error in failures]
         detail = errors[0] if errors else "see the run's logs"
         return False, f"run {result.run_id} failed: {detail}"

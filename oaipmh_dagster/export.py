@@ -49,7 +49,8 @@ class BadDestination(ExportError):
 @dataclass(frozen=True)
 class Destination:
     """Where an export goes: stdout, a device or pipe written in place, or a regular file
-    (existing or not) replaced atomically. A symlink is followed: its target is written."""
+    (existing or not) replaced atomically. A symlink is followed: its target is written.
+    A path that opens the file stdout is (`/dev/stdout`, `/dev/fd/1`) is stdout."""
 
     shown: str
     path: Path | None  # None: stdout
@@ -61,7 +62,7 @@ class Destination:
         shown = os.fspath(output)
         if not shown:
             raise BadDestination("the output path is empty (use '-' for stdout)")
-        if shown == STDOUT:
+        if shown == STDOUT or _is_stdout(shown):
             if fmt == "parquet" and _isatty(sys.stdout):
                 raise BadDestination("will not write binary parquet to a terminal: "
                                      "redirect stdout or give --output PATH")
@@ -71,9 +72,8 @@ class Destination:
     @classmethod
     def _file(cls, shown: str) -> Destination:
         """A path: followed through symlinks, checked for what can be written there."""
-        path = Path(os.path.realpath(shown))
-        try:
-            mode = path.stat().st_mode
+        try:  # the kernel follows /dev/fd/N to a pipe; realpath would not
+            mode: int | None = os.stat(shown).st_mode
         except FileNotFoundError:
             mode = None
         except OSError as exc:
@@ -81,8 +81,9 @@ class Destination:
         if mode is not None and stat.S_ISDIR(mode):
             raise BadDestination(f"{shown} is a directory")
         if mode is not None and (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
-                                 or stat.S_ISBLK(mode)):
-            return cls(shown, path, in_place=True)
+                                 or stat.S_ISBLK(mode) or stat.S_ISSOCK(mode)):
+            return cls(shown, Path(shown), in_place=True)
+        path = Path(os.path.realpath(shown))
         if mode is not None and not stat.S_ISREG(mode):
             raise BadDestination(f"{shown} is neither a regular file, a device nor a pipe")
         if not path.parent.is_dir():
@@ -106,6 +107,18 @@ class Destination:
         else:
             with _atomic(self.path) as fh:
                 yield fh
+
+
+def _is_stdout(path: str) -> bool:
+    """Whether `path` names stdout (`/dev/stdout`, `/dev/fd/1`, even when it is closed)
+    or opens the very file stdout is."""
+    if os.path.normpath(path) in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1",
+                                  f"/proc/{os.getpid()}/fd/1"):
+        return True
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(sys.stdout.fileno()))
+    except (AttributeError, OSError, ValueError):  # no stdout, or not a real file
+        return False
 
 
 def _isatty(stream: Any) -> bool:

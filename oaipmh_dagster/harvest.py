@@ -351,7 +351,7 @@ def harvest(
     statistics; raise on failure.
 
     Each page is committed with its checkpoint, so a failed or killed harvest is resumed
-    by the next one. The statistics say which since the harvest may record
+    by the next one of the same list; a successful harvest of other lists leaves it. The statistics say which since the harvest may record
     (`next_since`) and whether it covered the harvester's whole selection
     (`covers_selection`). `on_page` is called after each committed page.
     `since_after_lease`, when given, is called once the harvester's lease is held and
@@ -367,13 +367,14 @@ def harvest(
     own_client = client is None
     client = client or OAIClient(h.base_url, options or client_options(h), logger=logger)
     saved = store.acquire(h.id, run_id, is_stale=is_stale, logger=logger)
-    ok = False
+    ok, keeps = False, None
     try:
         if since_after_lease is not None:
             since, full, overlap = since_after_lease()
             run = replace(run, since=since, full=full, overlap=overlap)
         ident = client.identify()
         plan = _checked(make_plan, h, run, ident, saved)
+        keeps = plan.keeps
         for level, note in plan.notes:
             getattr(logger, level)(note)
         _start(stats, plan, ident.response_date)
@@ -396,7 +397,7 @@ def harvest(
         stats.requests, stats.retries = cs.requests, cs.retries
         stats.bytes, stats.stripped_chars = cs.bytes_received, cs.stripped_chars
         stats.duration = time.perf_counter() - started
-        store.release(h.id, run_id, succeeded=ok)
+        store.release(h.id, run_id, succeeded=ok, keep=keeps)
         if own_client:
             client.close()
     logger.info("harvest finished: %s", stats.summary())

@@ -371,8 +371,9 @@ class Leases:
     # -- releasing ------------------------------------------------------------------------
 
     def release(self, harvester_id: str, run_id: str, *, status: str,
-                clear_checkpoint: bool) -> bool:
-        """End the lease of `run_id` with `status`; False when it was no longer held."""
+                clear_checkpoint: bool, restore: dict[str, Any] | None = None) -> bool:
+        """End the lease of `run_id` with `status`, clearing its checkpoint when asked
+        (or putting `restore` back); False when it was no longer held."""
         c = state_table.c
         with self._lock:
             lease = self._held.pop((harvester_id, run_id), None)
@@ -387,7 +388,7 @@ class Leases:
             match = c.run_id == run_id
         values: dict[str, Any] = {"status": status, "heartbeat_at": _now()}
         if clear_checkpoint:
-            values["checkpoint"] = None
+            values["checkpoint"] = restore
         with self.engine.begin() as conn:
             n = conn.execute(
                 state_table.update()

@@ -169,6 +169,9 @@ class Plan:
     resume: ListCheckpoint | None = None
     resumed_list_start: datetime | None = None
     notes: tuple[tuple[str, str], ...] = ()  # (logger method, message)
+    # The saved checkpoint of a list this harvest neither resumes nor reads whole: left
+    # for the harvest that continues it when this one succeeds (None: a success clears).
+    keeps: Any = None
 
     @property
     def windowed(self) -> bool:
@@ -193,14 +196,16 @@ def make_plan(
         "until": format_datestamp(until_dt, gran) if until_dt else None,
     }
     if run.oai_ids:
-        return Plan(mode="oai_ids", oai_ids=tuple(run.oai_ids), **base)
+        return Plan(mode="oai_ids", oai_ids=tuple(run.oai_ids), keeps=checkpoint or None,
+                    notes=_kept_note(_parsed(checkpoint, gran)), **base)
     mode = "full" if since_dt is None else "incremental"
     notes: list[tuple[str, str]] = []
-    saved = _read_checkpoint(checkpoint, gran, notes) if run.resume else None
+    saved = _read_checkpoint(checkpoint, gran, notes)
+    usable = saved if run.resume else None
     start = since_dt or ident.earliest_datestamp
     if h.max_parallel > 1 and start is not None:
         end = until_dt or ident.response_date
-        windows = _resumed_windows(saved, h, base)
+        windows = _resumed_windows(usable, h, base)
         if windows is not None:
             assert isinstance(saved, WindowedCheckpoint)
             return Plan(mode="resumed", windows=windows, window_range=(start, end),
@@ -210,15 +215,81 @@ def make_plan(
         for spec in sets or (None,):
             w = Window(spec, start, end, open_start=since_dt is None, open_end=until_dt is None)
             fresh.append(WindowState(w, w.key(gran)))
+        keeps = _kept(saved, checkpoint, h, base, notes)
         return Plan(mode=mode, windows=tuple(fresh), window_range=(start, end),
-                    notes=tuple(notes), **base)
+                    notes=tuple(notes), keeps=keeps, **base)
     if h.max_parallel > 1:
         notes.append(("info", "the server gives no earliestDatestamp: harvesting sequentially"))
-    resume = _resumed_list(saved, h, base)
+    resume = _resumed_list(usable, h, base)
     if resume is not None:
         return Plan(mode="resumed", resume=resume, resumed_list_start=_when(resume.list_start),
                     notes=tuple(notes), **{**base, "checkpoint_start": resume.list_start})
-    return Plan(mode=mode, notes=tuple(notes), **base)
+    keeps = _kept(saved, checkpoint, h, base, notes)
+    return Plan(mode=mode, notes=tuple(notes), keeps=keeps, **base)
+
+
+def _parsed(data: Any, gran: Granularity) -> Checkpoint | None:
+    """The checkpoint saved as `data`; None when there is none or it cannot be read."""
+    try:
+        return checkpoint_from_json(data, gran) if data else None
+    except ValueError:
+        return None
+
+
+def _kept(saved: Checkpoint | None, data: Any, h: Harvester, base: dict[str, Any],
+          notes: list[tuple[str, str]]) -> Any:
+    """The saved checkpoint's JSON when this harvest, which does not resume it, leaves
+    part of its list unread; None when the harvest reads that whole list again, or it
+    belongs to another prefix. Either way a note says what becomes of it."""
+    if saved is None:
+        return None
+    if saved.metadata_prefix != h.metadata_prefix or _holds(base, saved):
+        notes.append(("info", f"not resuming the interrupted harvest ({_list_of(saved)}): "
+                      "this harvest reads that list whole, from its start"))
+        return None
+    notes.extend(_kept_note(saved))
+    return data
+
+
+def _kept_note(saved: Checkpoint | None) -> tuple[tuple[str, str], ...]:
+    if saved is None:
+        return ()
+    return (("info", f"this harvest keeps the interrupted harvest's checkpoint "
+             f"({_list_of(saved)}): it does not read that list whole, and that harvest, "
+             "run again, resumes it"),)
+
+
+def _list_of(saved: Checkpoint) -> str:
+    """The list a checkpoint belongs to, for a note."""
+    sets = ([saved.set_spec] if isinstance(saved, ListCheckpoint) and saved.set_spec
+            else list(getattr(saved, "sets", ())))
+    where = f"set {', '.join(sets)}" if sets else "the whole repository"
+    return (f"{saved.metadata_prefix}, from={saved.since or '-'}, "
+            f"until={saved.until or '-'}, {where}")
+
+
+def _holds(base: dict[str, Any], saved: Checkpoint) -> bool:
+    """Whether the lists of a plan (`base`) hold every record of the saved one's: from
+    no later, until no earlier, over its sets (or the whole repository)."""
+    return (_reaches(base["since"], saved.since, start=True)
+            and _reaches(base["until"], saved.until, start=False)
+            and _covers(base["sets"], saved))
+
+
+def _reaches(mine: str | None, theirs: str | None, *, start: bool) -> bool:
+    """Whether our bound (from when `start`, else until; None: unbounded) reaches at
+    least as far as theirs."""
+    if mine is None or theirs is None:
+        return mine is None
+    a, b = _when(mine), _when(theirs)
+    return a is not None and b is not None and (a <= b if start else a >= b)
+
+
+def _covers(sets: tuple[str, ...], saved: Checkpoint) -> bool:
+    """Whether lists over `sets` (none: the whole repository) hold the saved one's."""
+    theirs = ({saved.set_spec} - {None} if isinstance(saved, ListCheckpoint)
+              else set(saved.sets))
+    return not sets or (bool(theirs) and theirs <= set(sets))
 
 
 def _read_checkpoint(

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 
 from oaipmh_dagster.store import Store, record_table, utc_datestamp
 
-__all__ = ["Selection", "select_records"]
+__all__ = ["Selection", "has_records", "select_records"]
 
 
 @dataclass(frozen=True)
@@ -60,3 +60,11 @@ def select_records(engine: Engine, harvester_id: str, selection: Selection = Sel
     return Store(engine).iter_records(
         harvester_id, errors_only=selection.errors_only, with_raw=with_raw, batch=batch,
         where=_where(engine, selection))
+
+
+def has_records(engine: Engine, harvester_id: str) -> bool:
+    """Whether any record (live or deleted) is stored under `harvester_id`."""
+    query = sa.select(sa.literal(1)).select_from(record_table).where(
+        record_table.c.harvester_id == harvester_id).limit(1)
+    with engine.connect() as conn:
+        return conn.execute(query).first() is not None

@@ -103,9 +103,27 @@ class HarvesterExists(RegistryError):
     """A harvester with that id is already registered."""
 
 
+# Built-in transformers made for one kind of record (by their canonical name); `xml`
+# reads any record.
+BUILTIN_READS = {"oai_dc": "oai_dc", "datacite": "datacite", "marc21": "marc21",
+                 "marcxml": "marc21"}
+
+
 def default_transformer(metadata_prefix: str) -> str:
     """The built-in transformer for a metadata prefix (`xml` when none fits)."""
     return DEFAULT_TRANSFORMERS.get(metadata_prefix.strip().lower(), "xml")
+
+
+def transformer_fits(transformer: str, metadata_prefix: str) -> bool | None:
+    """Whether a transformer reads the records of a metadata prefix: a built-in made for
+    one kind of record fits the prefixes whose default it is; `xml` fits any; None for
+    the others (a stylesheet or a plugin says nothing about what it reads)."""
+    if transformer == "xml":
+        return True
+    reads = BUILTIN_READS.get(transformer)
+    if reads is None:
+        return None
+    return reads == default_transformer(metadata_prefix)
 
 
 def _now() -> datetime:

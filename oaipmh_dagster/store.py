@@ -512,11 +512,13 @@ class Store:
         when this store held the run's lease and lost it."""
         self.leases.save_checkpoint(harvester_id, run_id, checkpoint)
 
-    def release(self, harvester_id: str, run_id: str, *, succeeded: bool) -> None:
-        """End the lease: a success clears the checkpoint, a failure keeps it. A run that
+    def release(self, harvester_id: str, run_id: str, *, succeeded: bool,
+                keep: dict[str, Any] | None = None) -> None:
+        """End the lease: a success clears the checkpoint (or leaves `keep`, an
+        interrupted harvest's the run did not continue), a failure keeps it. A run that
         lost its lease changes nothing."""
         self.leases.release(harvester_id, run_id, status="succeeded" if succeeded else "failed",
-                            clear_checkpoint=succeeded)
+                            clear_checkpoint=succeeded, restore=keep)
 
     def state(self, harvester_id: str) -> dict[str, Any] | None:
         """The harvest state row of a harvester (None before its first harvest)."""

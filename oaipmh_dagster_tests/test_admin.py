@@ -100,3 +100,41 @@ def test_a_refused_confirmation_keeps_the_harvester(sqlite_url: str, reloads: li
     with pytest.raises(AdminError, match="kept"):
         remove_harvester(registry, "demo", instance=FakeInstance(), confirm=refuse)
     assert [h.id for h in registry.list()] == ["demo"]
+
+
+def test_a_new_prefix_brings_its_default_transformer(sqlite_url: str, reloads: list) -> None:
+    """The old prefix's default transformer follows the prefix to the new one's default;
+    a transformer chosen explicitly is kept, and said to be kept (with a warning when it
+    is a built-in made for other records)."""
+    registry = Registry(db.get_engine())
+    url = "http://127.0.0.1:9/oai"
+    add_harvester(registry, "dc", url=url, prefix="oai_dc", check=False)
+    change = update_harvester(registry, "dc", prefix="datacite", check=False)
+    assert change.harvester is not None and change.harvester.transformer == "datacite"
+    assert change.fields == ("metadata_prefix", "transformer")
+    assert change.lines[1].text == "transformer follows the prefix: oai_dc -> datacite"
+    assert registry.get("dc").transformer == "datacite"
+    # An explicit generic one is kept: it fits any prefix.
+    add_harvester(registry, "gen", url=url, prefix="oai_dc", transformer="xml", check=False)
+    change = update_harvester(registry, "gen", prefix="marc21", check=False)
+    assert registry.get("gen").transformer == "xml" and change.fields == ("metadata_prefix",)
+    kept = [line for line in change.lines if "transformer" in line.text]
+    assert [(line.text, line.note) for line in kept] == [
+        ("transformer xml kept: it was chosen explicitly (the default for marc21 is "
+         "marc21)", False)]
+    # An explicit built-in made for another prefix is kept, with a warning.
+    add_harvester(registry, "odd", url=url, prefix="oai_dc", transformer="marc21", check=False)
+    change = update_harvester(registry, "odd", prefix="datacite", check=False)
+    assert registry.get("odd").transformer == "marc21"
+    notes = [line.text for line in change.lines if line.note and "transformer" in line.text]
+    assert notes == ["transformer marc21 reads marc21 records, not datacite: its records "
+                     "will fail to transform (--transformer datacite sets the default)"]
+    # A transformer given with the prefix wins, and is warned about when it does not fit.
+    change = update_harvester(registry, "dc", prefix="oai_dc", transformer="datacite",
+                              check=False)
+    assert registry.get("dc").transformer == "datacite"
+    assert any(line.note and "transformer datacite reads datacite records, not oai_dc"
+               in line.text for line in change.lines)
+    # A change that keeps the prefix leaves the transformer alone.
+    change = update_harvester(registry, "odd", cron="0 1 * * *", check=False)
+    assert not any("transformer" in line.text for line in change.lines)

@@ -292,6 +292,19 @@ def test_update(run, database_url: str, server: OAIServer) -> None:
     assert registry().get("demo").base_url == server.base_url
 
 
+def test_update_prefix_says_what_becomes_of_the_transformer(run, database_url: str) -> None:
+    add(run, "demo")
+    r = run("harvester", "update", "demo", "--prefix", "datacite", "--no-check")
+    assert r.code == 0, r.err
+    assert "transformer follows the prefix: oai_dc -> datacite" in r.out
+    assert registry().get("demo").transformer == "datacite"
+    r = run("harvester", "update", "demo", "--prefix", "marc21", "--transformer", "oai_dc",
+            "--no-check")
+    assert r.code == 0, r.err
+    assert registry().get("demo").transformer == "oai_dc"
+    assert "note: transformer oai_dc reads oai_dc records, not marc21" in r.err
+
+
 @pytest.mark.parametrize(("argv", "code"), [
     (["--cron", "bad cron"], 2),
     (["--timezone", "Nowhere/Land"], 2),
@@ -423,7 +436,8 @@ def test_records_json(run, database_url: str) -> None:
     assert len(json.loads(run("records", "demo", "--json", "--limit", "2").out)) == 2
     r = run("records", "demo")
     assert r.code == 0 and "oai:x:1" in r.out and "deleted" in r.out
-    assert json.loads(run("records", "unknown", "--json").out) == []
+    r = run("records", "unknown", "--json")  # neither registered nor holding records
+    assert (r.code, r.out) == (1, "") and "no harvester 'unknown'" in r.error_line
 
 
 def test_records_after_a_real_harvest(run, database_url: str, server: OAIServer) -> None:

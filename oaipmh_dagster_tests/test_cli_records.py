@@ -124,3 +124,26 @@ def test_bad_input(run, stored: Store, argv: list[str], code: int, needle: str) 
     if code:
         assert needle in r.error_line
         assert r.out == ""
+
+
+@pytest.mark.parametrize("command", [
+    ["records", "nope"], ["records", "nope", "--json"], ["records", "nope", "--raw"],
+    ["profile", "nope"], ["profile", "nope", "--json"],
+    ["export", "nope", "--format", "jsonl", "--output", "-"],
+])
+def test_an_unknown_harvester_is_an_error(run, stored: Store, command: list[str]) -> None:
+    """An id that is neither registered nor holds stored records: one line, exit 1 (as
+    `harvester show`), no empty result on stdout."""
+    r = run(*command)
+    assert r.code == 1
+    assert r.error_line.startswith("oaipmh-dagster: error: no harvester 'nope'")
+    assert r.out == ""
+
+
+def test_a_removed_harvester_shows_its_kept_records(run, stored: Store) -> None:
+    """`harvester remove` keeps the records: they stay readable under their id (`h` has
+    records and no row)."""
+    r = run("records", "h", "--json")
+    assert (r.code, len(json.loads(r.out)), r.err) == (0, 5, "")
+    r = run("profile", "h", "--json")
+    assert r.code == 0 and json.loads(r.out)["live"] == 4

@@ -346,6 +346,16 @@ def test_export_to_a_character_device(capsys: pytest.CaptureFixture[str], stored
     assert sorted(p.name for p in tmp_path.iterdir()) == ["null"]
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_export_of_an_unknown_harvester_writes_nothing(
+        capsys: pytest.CaptureFixture[str], stored: Store, tmp_path: Path, fmt: str) -> None:
+    target = folder(tmp_path) / f"out.{fmt}"
+    code, out, err = run(capsys, "export", "nope", "--format", fmt, "--output", str(target))
+    assert code == 1
+    assert one_error_line(err).startswith("oaipmh-dagster: error: no harvester 'nope'")
+    assert out == "" and list(target.parent.iterdir()) == []
+
+
 def test_export_to_dev_null(capsys: pytest.CaptureFixture[str], stored: Store) -> None:
     code, out, err = run(capsys, "export", "h", "--format", "csv", "--output", os.devnull)
     assert code == 0, err
@@ -513,7 +523,8 @@ def test_export_to_a_read_only_place(capsys: pytest.CaptureFixture[str], stored:
 
 @pytest.mark.parametrize("fmt", ["csv", "jsonl"])
 def test_export_to_stdout_whose_reader_goes_away(many: Store, fmt: str) -> None:
-    """`export --output - | head` ends quietly, like other commands whose stdout closes."""
+    """`export --output - | head` ends quietly with 141, like other commands whose
+    stdout's reader goes away (see test_cli_pipes.py)."""
     proc = subprocess.Popen([sys.executable, "-m", "oaipmh_dagster.cli", "export", "big",
                              "--format", fmt, "--output", "-"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -521,5 +532,5 @@ def test_export_to_stdout_whose_reader_goes_away(many: Store, fmt: str) -> None:
     assert proc.stdout.read(10)
     proc.stdout.close()
     err = proc.stderr.read().decode()
-    assert proc.wait(timeout=60) == 1
+    assert proc.wait(timeout=60) == 141
     assert err == ""

@@ -92,6 +92,61 @@ def test_failure_mid_harvest_keeps_committed_pages(database_url: str, server: OA
     assert store.state("t")["checkpoint"] is None
 
 
+class Said(list):
+    """A logger that keeps what it was told."""
+
+    def _say(self, message: str, *args: object) -> None:
+        self.append(message % args if args else message)
+
+    info = warning = error = debug = _say
+
+
+@pytest.mark.parametrize("between", [
+    RunOptions(oai_ids=["oai:demo.example.org:1"]),  # reads no list
+    RunOptions(since="2000-01-01"),  # reads another list
+    RunOptions(sets=["datasets"]),  # reads other lists
+], ids=["oai_ids", "since", "sets"])
+def test_an_interrupted_harvest_resumes_after_another_one_succeeded(
+    database_url: str, server: OAIServer, between: RunOptions,
+) -> None:
+    """Another harvest that succeeds in between, over other lists, leaves the
+    interrupted list's checkpoint: the same harvest run again resumes it, as the
+    interrupted run said it would."""
+    store = Store()
+    server.faults.add("malformed", verb="ListRecords", page=4, times=100)
+    with pytest.raises(OAIError):
+        harvest(_h(server), store, run_id="r1", options=FAST)
+    server.faults.clear()
+    interrupted = store.state("t")["checkpoint"]
+    said = Said()
+    other = harvest(_h(server), store, between, run_id="r2", options=FAST, logger=said)
+    assert other.mode != "resumed"
+    assert store.state("t")["checkpoint"] == interrupted
+    assert any("keeps the interrupted harvest's checkpoint" in line for line in said), said
+    server.clear_log()
+    again = harvest(_h(server), store, run_id="r3", options=FAST)
+    assert again.mode == "resumed" and again.resumed_from_token == interrupted["token"]
+    first = next(r for r in server.requests if r.verb == "ListRecords")
+    assert first.params["resumptionToken"] == [interrupted["token"]]
+    assert store.snapshot("t") == expected_snapshot(server.dataset)
+    assert store.state("t")["checkpoint"] is None
+
+
+def test_a_harvest_that_reads_the_interrupted_list_whole_clears_its_checkpoint(
+    database_url: str, server: OAIServer,
+) -> None:
+    """An incremental list interrupted, then a full harvest (its list holds the other)
+    succeeds: nothing is left to continue, and the next run says nothing of resuming."""
+    store = Store()
+    server.faults.add("malformed", verb="ListRecords", page=4, times=100)
+    with pytest.raises(OAIError):
+        harvest(_h(server), store, RunOptions(since="2000-01-01"), run_id="r1", options=FAST)
+    server.faults.clear()
+    assert store.state("t")["checkpoint"]["since"] == "2000-01-01T00:00:00Z"
+    assert harvest(_h(server), store, run_id="r2", options=FAST).mode == "full"
+    assert store.state("t")["checkpoint"] is None
+
+
 def test_oai_ids_fetch_exactly_those(database_url: str, server: OAIServer) -> None:
     store = Store()
     live = [r.identifier for r in server.dataset if not r.deleted][:5]

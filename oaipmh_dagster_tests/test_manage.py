@@ -259,3 +259,14 @@ def test_registry_asset_materializes_the_table(sqlite_url: str,
     assert mat.metadata["harvesters"].value == 1
     assert "| one | http://127.0.0.1:9/oai | oai_dc | (all) | 0 3 * * * | yes |" \
         in mat.metadata["registry"].value
+
+
+def test_update_of_the_prefix_brings_its_default_transformer(
+    database_url: str, instance: dg.DagsterInstance, server: OAIServer,
+) -> None:
+    add_harvester("demo", server.base_url)
+    result = launch(instance, action="update", id="demo", prefix="datacite")
+    assert result.success, failure(result)
+    h = Registry(db.get_engine()).get("demo")
+    assert (h.metadata_prefix, h.transformer) == ("datacite", "datacite")
+    assert "transformer follows the prefix: oai_dc -> datacite" in logged(instance, result)

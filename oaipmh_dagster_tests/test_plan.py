@@ -129,6 +129,39 @@ def test_a_checkpoint_of_another_list_is_not_resumed(run: RunOptions, h: Harvest
     assert plan.checkpoint_start == NOW.isoformat()
 
 
+@pytest.mark.parametrize("run, h, keeps", [
+    (RunOptions(since="2024-02-01T00:00:00Z"), harvester(sets=("a", "b")), True),
+    (RunOptions(since="2024-01-01T00:00:00Z"), harvester(sets=("a",)), True),
+    (RunOptions(since="2024-01-01T00:00:00Z", until="2024-03-01"), harvester(sets=("b",)),
+     True),
+    (RunOptions(oai_ids=["x"]), harvester(sets=("b",)), True),
+    (RunOptions(since="2024-01-01T00:00:00Z", resume=False), harvester(sets=("a", "b")),
+     False),  # reads that very list from its start
+    (RunOptions(), harvester(sets=("b",)), False),  # a full list holds it
+    (RunOptions(since="2023-06-01"), harvester(), False),  # so does an earlier since's
+    (RunOptions(), harvester(metadata_prefix="marc21"), False),  # another prefix's
+    (RunOptions(), harvester(sets=("b",), max_parallel=2), False),  # windows of it
+])
+def test_a_checkpoint_of_a_list_the_harvest_does_not_read_is_kept(
+    run: RunOptions, h: Harvester, keeps: bool,
+) -> None:
+    """`keeps`: the checkpoint a successful harvest leaves for the harvest that continues
+    it (None: nothing is left to continue, the success clears it)."""
+    plan = make_plan(h, run, ident(), SEQUENTIAL_JSON)
+    assert plan.resume is None
+    assert plan.keeps == (SEQUENTIAL_JSON if keeps else None)
+    [said] = [note for _, note in plan.notes if "interrupted harvest" in note]
+    where = "(oai_dc, from=2024-01-01T00:00:00Z, until=-, set b)"
+    assert said.startswith(f"this harvest keeps the interrupted harvest's checkpoint {where}"
+                           if keeps else f"not resuming the interrupted harvest {where}")
+
+
+def test_a_resumed_checkpoint_is_not_kept() -> None:
+    plan = make_plan(harvester(sets=("a", "b")), RunOptions(since="2024-01-01T00:00:00Z"),
+                     ident(), SEQUENTIAL_JSON)
+    assert plan.mode == "resumed" and plan.keeps is None
+
+
 def test_resumes_the_unfinished_windows_of_a_windowed_checkpoint() -> None:
     plan = make_plan(harvester(max_parallel=2), RunOptions(), ident(), WINDOWED_JSON)
     assert plan.mode == "resumed" and plan.windows is not None

@@ -184,7 +184,7 @@ class Rounds:
         if plan.action == "kill":
             outcome, meta = self.kill(r, plan), None
         else:
-            outcome, meta = self.harvest(plan)
+            outcome, meta = self.harvest(plan, (before or {}).get("checkpoint"))
         self.tick()
         mode = meta["oai/mode"].value if meta else None
         if meta is None:
@@ -202,7 +202,8 @@ class Rounds:
                 self.check_resumed(before)
             else:
                 self.check_converged()
-            self.interrupted = []
+            if not self.store.state(HID)["checkpoint"]:
+                self.interrupted = []  # else a list of other sets is left to continue
         outcome += f" ({mode})" if mode else ""
         self.log.append(f"round {r}: page size {self.server.page_size} -> {outcome}, "
                         f"since {self.since()} ({time.monotonic() - t0:.1f}s)")
@@ -218,9 +219,10 @@ class Rounds:
                  else KILL_PAGE_SIZES if plan.action == "kill" else FAULT_PAGE_SIZES)
         return sizes[plan.size]
 
-    def harvest(self, plan: Plan) -> tuple[str, dict | None]:
+    def harvest(self, plan: Plan, checkpoint: dict | None) -> tuple[str, dict | None]:
         """Run the harvester's job with the plan's fault; (outcome, raw_records
-        materialization metadata, None when the run failed)."""
+        materialization metadata, None when the run failed). `checkpoint`: the one
+        before the run, which a success leaves only when it read other lists."""
         fault = None
         self.server.clear_log()
         if plan.action != "clean":
@@ -245,9 +247,11 @@ class Rounds:
                 assert state["checkpoint"], f"no checkpoint after {plan.action} on {failed}"
             return "failed", None
         self.since_sets = sets
-        assert state["status"] == "succeeded" and state["checkpoint"] is None, state
         meta = {m.materialization.asset_key.path[-1]: m.materialization.metadata
                 for m in result.get_asset_materialization_events()}["raw_records"]
+        assert state["status"] == "succeeded", state
+        assert state["checkpoint"] is None or (
+            state["checkpoint"] == checkpoint and meta["oai/mode"].value != "resumed"), state
         if fault is not None and fault.fired:
             assert plan.action == "bad_token", f"the run succeeded despite {plan.action}"
             return "ok after a restarted list", meta
