@@ -10,10 +10,14 @@ import oaipmh_dagster
 from oaipmh_dagster.errors import OAIPMHDagsterError
 
 # Internal signals that never leave their module (the demo server's protocol answer, the
-# transport's deadline inside httpx, the window workers' stop) and the CLI's click exceptions.
+# transport's deadline inside httpx, the window workers' stop, the XSLT worker process's
+# per-record outcomes, sent to the harvest as messages) and the CLI's exit signals (its
+# click exceptions, a stdout that is closed or whose reader went away), which `main` ends.
 EXEMPT = {"oaipmh_dagster.demo.protocol.OAIError", "oaipmh_dagster.oai._deadline.DeadlineExceeded",
           "oaipmh_dagster.cli.UsageProblem", "oaipmh_dagster.cli.Failure",
-          "oaipmh_dagster.parallel._Stop"}
+          "oaipmh_dagster.parallel._Stop", "oaipmh_dagster.transform._xslt_worker.Refused",
+          "oaipmh_dagster.transform._xslt_worker.Failed", "oaipmh_dagster.cli._ReaderGone",
+          "oaipmh_dagster.cli_stdout.StdoutClosed"}
 
 
 def test_every_package_exception_is_under_the_root() -> None:
