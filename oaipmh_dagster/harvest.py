@@ -376,19 +376,12 @@ def harvest(
         _decide_next_since(stats, list_start, plan.granularity, whole=plan.covers_sets,
                            oai_ids=bool(run.oai_ids), until=run.until_dt() is not None,
                            since=run.since)
-        if run.reconcile:
-            store.save_checkpoint(h.id, run_id, None)  # the lists are complete
-            stats.reconcile = reconcile_mod.reconcile(
-                client, h, store, run_id=run_id, transform=transform, logger=logger,
-                validate=validator, allow_mass_delete=run.allow_mass_delete)
-            stats.held_back = stats.reconcile.held_back
-        if seen is not None and client.stats.skipped_headers > skipped:
+        if client.stats.skipped_headers > skipped and seen is not None:
             logger.warning("the harvest skipped headers it could not read: the records of "
                            "the previous selection are swept by a later full harvest")
             seen = None
-        selection = _sweep(store, h, run, stats, seen, run_id, logger, held=held_selection)
-        if stats.held_back is not None:
-            store.save_checkpoint(h.id, run_id, None)  # the lists are complete
+        selection = _after_lists(client, h, store, run, stats, seen, run_id, logger,
+                                 transform=transform, validate=validator, held=held_selection)
         ok = stats.held_back is None
     finally:
         cs = client.stats
@@ -416,6 +409,25 @@ def _full_when_pending(run: RunOptions, h: Harvester, pending: bool, logger: Any
                    "(URL, prefix or sets): harvesting in full instead of from %s, so that "
                    "the records outside the new selection can be swept", run.since)
     return replace(run, since=None, full=True, overlap=False)
+
+
+def _after_lists(
+    client: OAIClient, h: Harvester, store: Store, run: RunOptions, stats: HarvestStats,
+    seen: set[str] | None, run_id: str, logger: Any, *, transform: Transform,
+    validate: Validate | None, held: str | None,
+) -> str | None:
+    """The reconcile the run asks for, then the selection sweep (see `_sweep`); a sweep
+    held back clears the checkpoint (the lists are complete). Returns `_sweep`'s."""
+    if run.reconcile:
+        store.save_checkpoint(h.id, run_id, None)  # the lists are complete
+        stats.reconcile = reconcile_mod.reconcile(
+            client, h, store, run_id=run_id, transform=transform, logger=logger,
+            validate=validate, allow_mass_delete=run.allow_mass_delete)
+        stats.held_back = stats.reconcile.held_back
+    selection = _sweep(store, h, run, stats, seen, run_id, logger, held=held)
+    if stats.held_back is not None and not run.reconcile:
+        store.save_checkpoint(h.id, run_id, None)
+    return selection
 
 
 def _sweep(

@@ -304,3 +304,24 @@ def test_an_unchanged_full_harvest_sweeps_nothing_and_rewrites_nothing(
     assert stats.unchanged == N - 5
     assert {i["run_id"] for i in store.iter_records("same")} == {"r1"}
     assert store.count("same") == N  # no sweep without a changed selection
+
+
+def test_migration_gives_existing_rows_the_default(database_url: str) -> None:
+    import sqlalchemy as sa
+
+    from oaipmh_dagster import db
+
+    engine = db.get_engine(database_url, migrate=False)
+    assert db.upgrade(engine, "0006") == "0006"
+    with engine.begin() as conn:
+        conn.execute(sa.text(
+            "INSERT INTO oaipmh_harvester (id, name, base_url, metadata_prefix, sets, "
+            "transformer, cron, timezone, enabled, comment, timeout, delay, max_parallel, "
+            "max_retries, created, updated) VALUES ('old', 'Old', 'https://x.org/oai', "
+            "'oai_dc', '[]', 'oai_dc', NULL, 'UTC', TRUE, '', 60, 0, 1, 5, "
+            "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+        conn.execute(sa.text("INSERT INTO oaipmh_harvest_state (harvester_id, status) "
+                             "VALUES ('old', 'succeeded')"))
+    assert db.upgrade(engine) == db.head_revision() == "0007"
+    assert Registry(engine).get("old").max_delete == "10%"
+    assert Store(engine).state("old")["selection"] is None  # unknown: adopted later
