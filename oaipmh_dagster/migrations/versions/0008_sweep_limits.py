@@ -4,15 +4,15 @@ the default 10%), and the selection whose records the store holds
 (`oaipmh_harvest_state.selection`, a fingerprint of URL, prefix and sets; NULL: unknown,
 adopted at the next harvest that covers the selection).
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = "0008"
+down_revision = "0007"
 
 
 def upgrade() -> None:
