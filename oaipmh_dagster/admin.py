@@ -35,7 +35,7 @@ __all__ = ["HTTP_FIELDS", "AdminError", "Change", "InstanceSide", "Line", "add_h
 
 # Optional row fields the command line calls its HTTP options (None: the row's default).
 HTTP_FIELDS = ("timeout", "delay", "max_parallel", "max_retries", "auth_env", "overlap",
-               "comment", "reconcile_every")
+               "comment", "reconcile_every", "max_delete")
 # A registry, or how to open one (an add opens it only once its input is valid).
 Registries = Registry | Callable[[], Registry]
 # Fields whose change makes the remembered since and harvest state meaningless.
@@ -246,6 +246,31 @@ def _forget_state(registry: Registry, harvester_id: str) -> None:
         conn.execute(state_table.delete().where(state_table.c.harvester_id == harvester_id))
 
 
+def _selection_changed(registry: Registry, old: Harvester) -> None:
+    """Forget the checkpoint and lease of a harvest of `old`'s selection (a running one
+    stops at its next page: its lease is gone), and keep in the harvest state which
+    selection the store holds records of (`old`'s, unless one is recorded already), so
+    that the next complete harvest sweeps them (`sweep`)."""
+    import sqlalchemy as sa
+
+    from oaipmh_dagster.incremental import scope
+    from oaipmh_dagster.lease import state_table
+
+    c = state_table.c
+    cleared = {"status": "idle", "lease": None, "checkpoint": None, "run_id": None,
+               "holder": None}
+    with registry.engine.begin() as conn:
+        row = conn.execute(sa.select(c.selection).where(c.harvester_id == old.id)).first()
+        held = (row.selection if row is not None else None) or scope(
+            old.base_url, old.metadata_prefix, old.sets)
+        if row is None:
+            conn.execute(state_table.insert().values(harvester_id=old.id, selection=held,
+                                                     **cleared))
+        else:
+            conn.execute(state_table.update().where(c.harvester_id == old.id)
+                         .values(selection=held, **cleared))
+
+
 def add_harvester(
     registries: Registries, harvester_id: str, *, url: str | None, prefix: str | None,
     sets: tuple[str, ...] = (), cron: str | None = None, timezone: str = "UTC",
@@ -368,9 +393,12 @@ def update_harvester(
         (new.base_url, new.metadata_prefix, set(new.sets))
         != (current.base_url, current.metadata_prefix, set(current.sets))
     ):
-        _forget_state(registry, harvester_id)
-        change.say("the URL, prefix or sets changed: the next harvest is a full one "
-                   "(the remembered since belongs to the old selection)")
+        _selection_changed(registry, current)
+        change.say("the URL, prefix or sets changed: the next harvest is a full one, and "
+                   "the next complete harvest tombstones the live records it does not find "
+                   f"in the new selection (more than max_delete {new.max_delete} allows "
+                   "only with harvest --allow-mass-delete, run config allow_mass_delete: "
+                   "true)")
     if reload:
         _reload(change, location)
     return change

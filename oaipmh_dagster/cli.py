@@ -220,6 +220,10 @@ def _http_options(f):  # noqa: ANN001, ANN202 - click decorator plumbing
         click.option("--reconcile-every", type=click.IntRange(min=0), metavar="N",
                      help="Every Nth scheduled run also reconciles the store with the "
                      "identifiers the server lists (0: never, the default)."),
+        click.option("--max-delete", metavar="LIMIT", help="The most records a sweep (a "
+                     "reconcile, or the sweep after a changed URL, prefix or sets) may "
+                     "tombstone without harvest --allow-mass-delete: a share of the live "
+                     "records such as 10% (the default) or a count such as 1000."),
     ]):
         f = opt(f)
     return f
@@ -522,9 +526,12 @@ def _instance():  # noqa: ANN202 - DagsterInstance, imported lazily
 @click.option("--reconcile", is_flag=True, help="Then list every identifier the server has "
               "and repair the store: fetch missing and stale records, tombstone the ones "
               "no longer listed.")
+@click.option("--allow-mass-delete", is_flag=True, help="Let a sweep (--reconcile, or the "
+              "first complete harvest after a changed URL, prefix or sets) tombstone more "
+              "records than the harvester's max_delete allows.")
 def harvest(harvester_id: str, since: str | None, until: str | None, full: bool,
             oai_ids: tuple[str, ...], sets: tuple[str, ...], no_resume: bool,
-            reconcile: bool) -> None:
+            reconcile: bool, allow_mass_delete: bool) -> None:
     """Run the job harvest_oaipmh_records_<ID> in this process on the Dagster instance."""
     _check_run_config(since, until, full, oai_ids, sets)
     if reconcile and (oai_ids or until or sets):
@@ -536,6 +543,8 @@ def harvest(harvester_id: str, since: str | None, until: str | None, full: bool,
     config: dict[str, Any] = {"full": full, "resume": not no_resume}
     if reconcile:
         config["reconcile"] = True
+    if allow_mass_delete:
+        config["allow_mass_delete"] = True
     if since:
         config["since"] = since
     if until:
@@ -548,7 +557,8 @@ def harvest(harvester_id: str, since: str | None, until: str | None, full: bool,
 
     # The run belongs to the location's job (its Runs tab) when the location is known.
     ok, message = run_harvest_job(_instance(), harvester_id, config, verbose=_Settings.verbose,
-                                  location=holding_location_name(harvester_id))
+                                  location=holding_location_name(harvester_id),
+                                  on_summary=click.echo)
     if not ok:
         raise Failure(message if _Settings.verbose else
                       f"{message} (the run's log has the details; --verbose shows them here)")

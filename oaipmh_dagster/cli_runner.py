@@ -92,13 +92,16 @@ def _sigterm_as_sigint() -> Iterator[None]:
 def run_harvest_job(
     instance: dg.DagsterInstance, harvester_id: str, config: dict[str, Any],
     registry: Registry | None = None, verbose: bool = False, location: str | None = None,
+    on_summary: Callable[[str], None] | None = None,
 ) -> tuple[bool, str]:
     """Execute `harvest_oaipmh_records_<id>` in-process; returns (success, summary line).
     With `location` (the code location that holds the harvester) the run belongs to that
     location's job as a launch from the UI does (the job's Runs tab lists it).
 
     Dagster's console log (with the traceback of a failure) reaches stderr only when
-    `verbose`; the run's event log always has it."""
+    `verbose`; the run's event log always has it. A run that failed because a sweep was
+    held back harvested all the same: `on_summary` gets its summary line, and the
+    failure line is what was held back."""
     from oaipmh_dagster.definitions import build_definitions
 
     registry = registry or Registry()
@@ -122,6 +125,11 @@ def run_harvest_job(
             if ev.is_step_failure
             and (error := getattr(ev.event_specific_data, "error", None)) is not None
         ]
+        held = finals[-1].held_back if finals else None
+        if held is not None:
+            if on_summary is not None:
+                on_summary(f"run {result.run_id}: {finals[-1].summary()}")
+            return False, f"run {result.run_id} failed: {held.message()}"
         if any(_interrupted(error) for error in failures):
             return False, (f"run {result.run_id} interrupted: the harvest stopped; the pages "
                            "stored so far are kept, and the same harvest run again resumes "

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from oaipmh_dagster import __version__, incremental
+from oaipmh_dagster import __version__, incremental, sweep
 from oaipmh_dagster import reconcile as reconcile_mod
 from oaipmh_dagster.committer import Committer
 from oaipmh_dagster.errors import OAIPMHDagsterError
@@ -37,6 +37,7 @@ from oaipmh_dagster.plan import (
     PlanError,
     RunOptions,
     WindowedCheckpoint,
+    covers_sets,
     make_plan,
     validate,
 )
@@ -65,8 +66,8 @@ from oaipmh_dagster.transform import (
 from oaipmh_dagster.windows import WindowState
 from oaipmh_dagster.words import count
 
-__all__ = ["CredentialsError", "HarvestError", "HarvestStats", "Listener", "Progress",
-           "RunOptions",
+__all__ = ["CredentialsError", "HarvestError", "HarvestStats", "Listener",
+           "MassDeleteHeldBack", "Progress", "RunOptions",
            "client_options", "describe_short", "harvest", "make_transform", "make_validate"]
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,16 @@ LOG_EVERY = 2.0
 
 class HarvestError(OAIPMHDagsterError, RuntimeError):
     """A harvest could not complete; committed pages stay valid."""
+
+
+class MassDeleteHeldBack(HarvestError):
+    """A sweep would have tombstoned more than the harvester's max_delete allows: nothing
+    was tombstoned, the pages harvested before stay; `stats` says what the harvest did."""
+
+    def __init__(self, stats: HarvestStats) -> None:
+        assert stats.held_back is not None
+        super().__init__(stats.held_back.message())
+        self.stats = stats
 
 
 class CredentialsError(HarvestError):
@@ -116,6 +127,12 @@ class HarvestStats:
     lists_judged: int = 0
     # The reconciliation after the lists (run config `reconcile`), when there was one.
     reconcile: reconcile_mod.ReconcileStats | None = None
+    # A sweep that would have tombstoned more than max_delete allows (nothing was).
+    held_back: sweep.HeldBack | None = None
+    # Records outside a changed selection tombstoned after its first complete harvest
+    # (None: no such sweep ran), and whether one is still to come.
+    selection_swept: int | None = None
+    sweep_pending: bool = False
     resumed_from_token: str | None = None
     duration: float = 0.0
 
@@ -165,6 +182,12 @@ class HarvestStats:
             + (f"; since not advanced: {'; '.join(map(describe_short, self.short_lists))}"
                if self.short_lists else "")
             + (f"; reconcile: {self.reconcile.summary()}" if self.reconcile else "")
+            + (f"; selection sweep: {self.selection_swept} records outside the new "
+               "selection tombstoned" if self.selection_swept is not None else "")
+            + (f"; held back: {self.held_back.sweep} sweep of "
+               f"{self.held_back.would_tombstone} records (max_delete "
+               f"{self.held_back.max_delete}: {self.held_back.limit})"
+               if self.held_back else "")
         )
 
 
@@ -356,7 +379,13 @@ def harvest(
     (`covers_selection`). `on_page` is called after each committed page.
     `since_after_lease`, when given, is called once the harvester's lease is held and
     returns (since, full, overlap): a run that waited for another harvest of the same
-    harvester starts from the since that harvest left."""
+    harvester starts from the since that harvest left.
+
+    When the store holds records of another selection (the URL, prefix or sets changed),
+    a since a run recorded is not used (a full harvest), and the first full harvest read
+    whole in one run tombstones the live records it did not see (`sweep`). A sweep
+    that would tombstone more than `h.max_delete` allows raises `MassDeleteHeldBack`
+    unless `run.allow_mass_delete`."""
     run = run or RunOptions()
     _checked(validate, h, run)
     started = time.perf_counter()
@@ -367,41 +396,107 @@ def harvest(
     own_client = client is None
     client = client or OAIClient(h.base_url, options or client_options(h), logger=logger)
     saved = store.acquire(h.id, run_id, is_stale=is_stale, logger=logger)
-    ok, keeps = False, None
+    held_selection = (store.state(h.id) or {}).get("selection")
+    pending = sweep.pending(held_selection, stats.scope)
+    ok, keeps, selection = False, None, None
     try:
         if since_after_lease is not None:
             since, full, overlap = since_after_lease()
             run = replace(run, since=since, full=full, overlap=overlap)
+        run = _full_when_pending(run, h, pending, logger)
         ident = client.identify()
         plan = _checked(make_plan, h, run, ident, saved)
         keeps = plan.keeps
         for level, note in plan.notes:
             getattr(logger, level)(note)
         _start(stats, plan, ident.response_date)
+        seen: set[str] | None = (set() if pending and plan.mode == "full"
+                                 and not run.reconcile else None)
+        skipped = client.stats.skipped_headers
         _store_pages(_pages(client, h, plan, stats, logger), store, h, run_id, transform,
-                     stats, plan, on_page, logger, started, validator)
+                     stats, plan, on_page, logger, started, validator, seen)
         list_start = plan.list_start
         if stats.mode == "resumed" and plan.resumed_list_start is not None:
             list_start = min(list_start, plan.resumed_list_start)
         _decide_next_since(stats, list_start, plan.granularity, whole=plan.covers_sets,
                            oai_ids=bool(run.oai_ids), until=run.until_dt() is not None,
                            since=run.since)
-        if run.reconcile:
-            store.save_checkpoint(h.id, run_id, None)  # the lists are complete
-            stats.reconcile = reconcile_mod.reconcile(client, h, store, run_id=run_id,
-                                                      transform=transform, logger=logger,
-                                                      validate=validator)
-        ok = True
+        if client.stats.skipped_headers > skipped and seen is not None:
+            logger.warning("the harvest skipped headers it could not read: the records of "
+                           "the previous selection are swept by a later full harvest")
+            seen = None
+        selection = _after_lists(client, h, store, run, stats, seen, run_id, logger,
+                                 transform=transform, validate=validator, held=held_selection)
+        ok = stats.held_back is None
     finally:
         cs = client.stats
         stats.requests, stats.retries = cs.requests, cs.retries
         stats.bytes, stats.stripped_chars = cs.bytes_received, cs.stripped_chars
         stats.duration = time.perf_counter() - started
-        store.release(h.id, run_id, succeeded=ok, keep=keeps)
+        store.release(h.id, run_id, succeeded=ok, keep=keeps,
+                      selection=selection if ok else None)
         if own_client:
             client.close()
     logger.info("harvest finished: %s", stats.summary())
+    if stats.held_back is not None:
+        raise MassDeleteHeldBack(stats)
     return stats
+
+
+def _full_when_pending(run: RunOptions, h: Harvester, pending: bool, logger: Any
+                       ) -> RunOptions:
+    """`run` as a full harvest when a sweep of a previous selection is pending and its
+    since was recorded by a run (an interrupted first harvest of the new selection that
+    a later run completed): only a full harvest read in one run can sweep."""
+    if not (pending and run.overlap and run.since and not run.full and not run.oai_ids
+            and run.until in (None, "") and covers_sets(h, run)):
+        return run
+    logger.warning("the store still holds records of the harvester's previous selection "
+                   "(URL, prefix or sets): harvesting in full instead of from %s, so that "
+                   "the records outside the new selection can be swept", run.since)
+    return replace(run, since=None, full=True, overlap=False)
+
+
+def _after_lists(
+    client: OAIClient, h: Harvester, store: Store, run: RunOptions, stats: HarvestStats,
+    seen: set[str] | None, run_id: str, logger: Any, *, transform: Transform,
+    validate: Validate | None, held: str | None,
+) -> str | None:
+    """The reconcile the run asks for, then the selection sweep (see `_sweep`); a sweep
+    held back clears the checkpoint (the lists are complete). Returns `_sweep`'s."""
+    if run.reconcile:
+        store.save_checkpoint(h.id, run_id, None)  # the lists are complete
+        stats.reconcile = reconcile_mod.reconcile(
+            client, h, store, run_id=run_id, transform=transform, logger=logger,
+            validate=validate, allow_mass_delete=run.allow_mass_delete)
+        stats.held_back = stats.reconcile.held_back
+    selection = _sweep(store, h, run, stats, seen, run_id, logger, held=held)
+    if stats.held_back is not None and not run.reconcile:
+        store.save_checkpoint(h.id, run_id, None)
+    return selection
+
+
+def _sweep(
+    store: Store, h: Harvester, run: RunOptions, stats: HarvestStats, seen: set[str] | None,
+    run_id: str, logger: Any, *, held: str | None,
+) -> str | None:
+    """After the lists (and any reconcile): the selection sweep when `seen` holds what a
+    complete full harvest of a changed selection saw. Returns the selection to record in
+    the harvest state (None: leave it); `held`: the one recorded (None: unknown)."""
+    if run.reconcile:  # a reconcile compares the whole selection, under the same cap
+        return stats.scope if stats.held_back is None else None
+    if seen is not None and stats.covers_selection:
+        stats.selection_swept, stats.held_back = sweep.sweep_selection(
+            store, h, seen, run_id=run_id, allow=run.allow_mass_delete, logger=logger)
+        return stats.scope if stats.held_back is None else None
+    if sweep.pending(held, stats.scope):
+        stats.sweep_pending = True
+        logger.warning("the store still holds live records of the harvester's previous "
+                       "selection (URL, prefix or sets): the first full harvest of the new "
+                       "selection that completes in one run tombstones them (subject to "
+                       "max_delete %s)", h.max_delete)
+        return None
+    return stats.scope if held is None and stats.covers_selection else None
 
 
 def _checked(fn: Callable[..., Any], *args: Any) -> Any:
@@ -426,10 +521,11 @@ def _store_pages(
     pages: Iterator[tuple[Page, Checkpoint | None]], store: Store, h: Harvester, run_id: str,
     transform: Transform, stats: HarvestStats, plan: Plan, on_page: OnPage | None,
     logger: Any, started: float, validate: Validate | None = None,
+    seen: set[str] | None = None,
 ) -> None:
     """The page loop: prepare each page (hashes, rows, transform, validation) here while the
     committer commits the previous one with its checkpoint; count, log and report each
-    page once committed."""
+    page once committed. `seen` (when given) collects every identifier delivered."""
     logged = 0.0
 
     def committed(page: Page, prepared: PreparedPage) -> None:
@@ -461,6 +557,8 @@ def _store_pages(
 
     with Committer(commit) as committer:
         for page, cp in pages:
+            if seen is not None:
+                seen.update(r.header.identifier for r in page.records)
             prepared = prepare_page(store, h.id, page.records, run_id=run_id,
                                     transform=transform, metadata_prefix=h.metadata_prefix,
                                     transformer=h.transformer, validate=validate)

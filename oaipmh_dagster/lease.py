@@ -52,6 +52,9 @@ state_table = sa.Table(
     sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=True),
     sa.Column("checkpoint", JSON, nullable=True),
     sa.Column("lease", sa.String(32), nullable=True),
+    # The selection (`incremental.scope`) whose records the store holds: set by a harvest
+    # that covered it; another value means a sweep of the old selection is pending.
+    sa.Column("selection", sa.String(16), nullable=True),
 )
 
 # A holder on another host whose heartbeat is older than this is dead.
@@ -371,9 +374,11 @@ class Leases:
     # -- releasing ------------------------------------------------------------------------
 
     def release(self, harvester_id: str, run_id: str, *, status: str,
-                clear_checkpoint: bool, restore: dict[str, Any] | None = None) -> bool:
+                clear_checkpoint: bool, restore: dict[str, Any] | None = None,
+                selection: str | None = None) -> bool:
         """End the lease of `run_id` with `status`, clearing its checkpoint when asked
-        (or putting `restore` back); False when it was no longer held."""
+        (or putting `restore` back), and record `selection` when given; False when it
+        was no longer held."""
         c = state_table.c
         with self._lock:
             lease = self._held.pop((harvester_id, run_id), None)
@@ -389,6 +394,8 @@ class Leases:
         values: dict[str, Any] = {"status": status, "heartbeat_at": _now()}
         if clear_checkpoint:
             values["checkpoint"] = restore
+        if selection is not None:
+            values["selection"] = selection
         with self.engine.begin() as conn:
             n = conn.execute(
                 state_table.update()

@@ -32,7 +32,8 @@ class RunOptions:
     `overlap` asks a little before `since` (a remembered since: see `incremental`);
     `oai_ids` fetches exactly those records with GetRecord; `sets` replaces the
     harvester's sets; `resume=False` ignores the interrupted harvest's checkpoint;
-    `reconcile` compares the listed identifiers with the store after the lists."""
+    `reconcile` compares the listed identifiers with the store after the lists;
+    `allow_mass_delete` lets a sweep tombstone more than the harvester's `max_delete`."""
 
     since: str | datetime | None = None
     until: str | datetime | None = None
@@ -42,6 +43,7 @@ class RunOptions:
     sets: Sequence[str] | None = None
     resume: bool = True
     reconcile: bool = False
+    allow_mass_delete: bool = False
 
     def since_dt(self) -> datetime | None:
         """`since` as a datetime (None on a full harvest or without one)."""

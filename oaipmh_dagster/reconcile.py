@@ -17,6 +17,12 @@ older than the since. Listing every identifier of the harvester's selection
   or outside the harvester's sets: a tombstone whose error says "not listed by the
   server"; a deleted record: its tombstone; still there: stored again and counted `kept`.
 
+Before anything is written the number of stored live records the server did not list is
+held against the harvester's `max_delete` (`sweep.check`): more than it allows, and the
+reconcile writes nothing, unless the run confirms (`allow_mass_delete`); its statistics
+then carry the hold (`held_back`). A server whose index broke (an empty or short list)
+costs no GetRecord request and no tombstone.
+
 No Dagster in here; a harvest with `RunOptions(reconcile=True)` calls it after its lists.
 """
 
@@ -31,6 +37,7 @@ from oaipmh_dagster.oai.models import Record
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.rows import Transform, Validate, write_page
 from oaipmh_dagster.store import Store, utc_datestamp
+from oaipmh_dagster.sweep import HeldBack, check
 
 NOT_LISTED = "not listed by the server"
 BATCH = 100  # records per GetRecord batch (one store transaction each)
@@ -47,9 +54,14 @@ class ReconcileStats:
     kept: int = 0  # stored live, not listed, but still served in the selection: the list skipped it
     vanished: int = 0  # listed, then unknown to GetRecord (changed in between): left alone
     failed: int = 0  # fetched records stored with an error
+    held_back: HeldBack | None = None  # too many to tombstone: nothing was written
 
     def summary(self) -> str:
         """The counts in a few words."""
+        if self.held_back is not None:
+            return (f"{self.listed} listed; held back: {self.held_back.would_tombstone} "
+                    f"stored records not listed, more than max_delete "
+                    f"{self.held_back.max_delete} allows ({self.held_back.limit})")
         return (f"{self.listed} listed, {self.missing_fetched} missing fetched, "
                 f"{self.stale_fetched} stale fetched, {self.tombstoned} tombstoned"
                 + (f", {self.kept} skipped by the list and kept" if self.kept else "")
@@ -66,9 +78,11 @@ def in_selection(specs: Iterable[str], sets: Sequence[str]) -> bool:
 def reconcile(
     client: OAIClient, h: Harvester, store: Store, *, run_id: str,
     transform: Transform | None, logger: Any, validate: Validate | None = None,
+    allow_mass_delete: bool = False,
 ) -> ReconcileStats:
     """List the identifiers of `h`'s selection, compare them with the store, and bring
-    the store to the server (see the module's description)."""
+    the store to the server (see the module's description); held back, it writes
+    nothing."""
     stats = ReconcileStats()
     logger.info("reconcile: listing the identifiers of %s (sets %s)", h.id,
                 list(h.sets) or "all")
@@ -86,7 +100,13 @@ def reconcile(
         elif have[1] or (datestamp is not None and have[0] < datestamp):
             stale.append(identifier)
     unlisted = [i for i, (_, deleted, _) in stored.items() if not deleted and i not in listed]
+    live = sum(1 for _, deleted, _ in stored.values() if not deleted)
     del stored, listed
+    stats.held_back = check("reconcile", h, len(unlisted), live, "the server did not list "
+                            "them", allow=allow_mass_delete)
+    if stats.held_back is not None:
+        logger.error(stats.held_back.message())
+        return stats
     logger.info("reconcile: %d listed; %d missing and %d stale in the store, %d deleted "
                 "headers to store, %d stored records not listed", stats.listed, len(missing),
                 len(stale), len(headers), len(unlisted))

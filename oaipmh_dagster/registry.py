@@ -39,6 +39,9 @@ MAX_URL = 2048
 MAX_SHORT = 255
 MAX_OVERLAP = 30 * 86400
 MAX_RECONCILE_EVERY = 10_000
+DEFAULT_MAX_DELETE = "10%"
+_SHARE = re.compile(r"^(?:100|[0-9]{1,2})(?:\.[0-9]{1,2})?%$")
+_COUNT = re.compile(r"^[0-9]{1,9}$")
 
 # The one prefix -> built-in transformer map (a row names its transformer when created).
 DEFAULT_TRANSFORMERS = {
@@ -73,6 +76,7 @@ harvester_table = sa.Table(
     sa.Column("overlap", sa.Integer, nullable=True),
     sa.Column("reconcile_every", sa.Integer, nullable=True),
     sa.Column("schema", sa.String(2048), nullable=True),
+    sa.Column("max_delete", sa.String(16), nullable=False, server_default=DEFAULT_MAX_DELETE),
     sa.Column("created", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated", sa.DateTime(timezone=True), nullable=False),
 )
@@ -159,6 +163,10 @@ class Harvester:
     # The XML Schema records are validated against: a shipped one (oai_dc, datacite,
     # marc21) or the absolute path of a schema file; None: no validation.
     schema: str | None = None
+    # The most records a sweep (a reconcile, or the sweep after a changed selection) may
+    # tombstone without the operator's confirmation: a share of the live records ("10%")
+    # or a count ("1000"). See `DeleteLimit`.
+    max_delete: str = DEFAULT_MAX_DELETE
     created: datetime | None = field(default=None, compare=False)
     updated: datetime | None = field(default=None, compare=False)
     # Read back from storage: an auth_env outside the namespace (a row written before the
@@ -212,6 +220,35 @@ class Harvester:
             raise InvalidHarvester(f"sets must be a list of set specs, not {sets!r}")
         values["sets"] = tuple(sets)
         return cls(**values, stored=True)
+
+
+@dataclass(frozen=True)
+class DeleteLimit:
+    """A harvester's `max_delete`: a share of its live records (`share`, percent) or a
+    count; a sweep that would tombstone more than `allowed(live)` is held back."""
+
+    text: str
+    share: float | None = None
+    count: int | None = None
+
+    @classmethod
+    def parse(cls, value: object) -> DeleteLimit:
+        """`"10%"` (0-100, up to two decimals) or `"1000"`; `InvalidHarvester` else."""
+        text = value if isinstance(value, str) else ""
+        if _SHARE.fullmatch(text) and float(text[:-1]) <= 100:
+            return cls(text, share=float(text[:-1]))
+        if _COUNT.fullmatch(text):
+            return cls(text, count=int(text))
+        raise InvalidHarvester(
+            f"invalid max_delete {value!r}: a share of the live records such as 10% "
+            "(0-100%) or a count such as 1000")
+
+    def allowed(self, live: int) -> int:
+        """How many of `live` records a sweep may tombstone without confirmation."""
+        if self.count is not None:
+            return self.count
+        assert self.share is not None
+        return int(live * round(self.share * 100) // 10_000)
 
 
 def validate_id(value: str) -> str:
@@ -408,6 +445,7 @@ def validate(h: Harvester, stored: bool = False) -> None:
             f"[1, {MAX_RECONCILE_EVERY}], not {h.reconcile_every!r}"
         )
     validate_schema(h.schema)
+    DeleteLimit.parse(h.max_delete)
     if len(h.name) > MAX_SHORT:
         raise InvalidHarvester(f"name is longer than {MAX_SHORT} characters")
     if h.cron is not None and len(h.cron) > MAX_SHORT:

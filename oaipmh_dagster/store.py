@@ -459,11 +459,20 @@ class Store:
             )
             return {r[0]: (r[1], bool(r[2]), tuple(r[3] or ())) for r in rows}
 
+    def live_identifiers(self, harvester_id: str, batch: int = 5000) -> Iterator[str]:
+        """The identifiers of a harvester's live records (streamed)."""
+        c = record_table.c
+        q = sa.select(c.oai_identifier).where(c.harvester_id == harvester_id,
+                                              c.deleted.is_(False))
+        with self.engine.connect() as conn:
+            for row in conn.execution_options(yield_per=batch).execute(q):
+                yield row[0]
+
     # -- reconciliation ---------------------------------------------------------------
 
     def tombstone_unlisted(
         self, harvester_id: str, identifiers: Sequence[str], *, reason: str,
-        run_id: str | None, batch: int = 500,
+        run_id: str | None, batch: int = 500, location: str = "reconcile",
     ) -> int:
         """Turn these live records into tombstones whose error says why (`reason`, e.g.
         the server no longer lists them); returns how many changed. Each batch is one
@@ -471,7 +480,7 @@ class Store:
         cleared, so a record the server lists again is rewritten."""
         c = record_table.c
         lease = self.leases.held(harvester_id, run_id)
-        error = [{"type": "not_listed", "message": reason, "location": "reconcile"}]
+        error = [{"type": "not_listed", "message": reason, "location": location}]
         ids = list(dict.fromkeys(identifiers))
         changed = 0
         for i in range(0, len(ids), batch):
@@ -513,12 +522,13 @@ class Store:
         self.leases.save_checkpoint(harvester_id, run_id, checkpoint)
 
     def release(self, harvester_id: str, run_id: str, *, succeeded: bool,
-                keep: dict[str, Any] | None = None) -> None:
+                keep: dict[str, Any] | None = None, selection: str | None = None) -> None:
         """End the lease: a success clears the checkpoint (or leaves `keep`, an
-        interrupted harvest's the run did not continue), a failure keeps it. A run that
-        lost its lease changes nothing."""
+        interrupted harvest's the run did not continue), a failure keeps it; `selection`
+        (when given) is recorded as the selection whose records the store now holds. A
+        run that lost its lease changes nothing."""
         self.leases.release(harvester_id, run_id, status="succeeded" if succeeded else "failed",
-                            clear_checkpoint=succeeded, restore=keep)
+                            clear_checkpoint=succeeded, restore=keep, selection=selection)
 
     def state(self, harvester_id: str) -> dict[str, Any] | None:
         """The harvest state row of a harvester (None before its first harvest)."""

@@ -27,7 +27,7 @@ URL = "https://repo.example.org/oai"
 JSON_KEYS = {
     "id", "base_url", "metadata_prefix", "name", "sets", "transformer", "cron", "timezone",
     "enabled", "comment", "timeout", "delay", "max_parallel", "max_retries", "auth_env",
-    "overlap", "reconcile_every", "schema", "created", "updated",
+    "overlap", "reconcile_every", "schema", "max_delete", "created", "updated",
 }
 
 

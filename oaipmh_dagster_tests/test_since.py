@@ -102,11 +102,13 @@ def test_changed_sets_url_or_prefix_harvest_in_full(database_url: str, server: O
                       sets=("theses",))
     h = fresh("j")
     server.clear_log()
-    result = run_job(h, instance)
+    # The datasets records left the selection: their sweep (test_sweep.py) is confirmed.
+    result = run_job(h, instance, {"allow_mass_delete": True})
     assert result.success
     assert list_froms(server) == [None]  # the new set's whole backlog
     meta = raw_meta(result)
     assert meta["oai/since_source"] == "scope_changed" and meta["oai/advances_since"]
+    assert meta["oai/selection_swept"] > 0
     tick(instance, None, h)
     assert since_of(instance, h) == "2026-03-01T12:00:00Z"  # now for the new selection
     assert Store().snapshot("j").keys() >= expected_snapshot(server.dataset,

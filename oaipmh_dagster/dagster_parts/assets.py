@@ -159,9 +159,11 @@ def run_harvest(
     context: dg.AssetExecutionContext, config: HarvestConfig, oaipmh_db: OAIPMHDatabase,
     harvester_id: str,
 ) -> Any:
-    """The op body: harvest (raw_records) and/or re-transform (records), then report."""
+    """The op body: harvest (raw_records) and/or re-transform (records), then report; a
+    sweep held back (see `sweep`) is reported with the rest, then fails the run."""
     h = oaipmh_db.harvester(harvester_id)
     tag_run(context, h)
+    held = None
     store = Store(oaipmh_db.engine())
     _, raw_key, records_key = asset_keys(h.id)
     selected = context.selected_asset_keys
@@ -200,13 +202,18 @@ def run_harvest(
 
         listener: harvest_mod.Listener = getattr(context.resources, LISTENER_KEY)
         run = harvest_mod.RunOptions(until=config.until, oai_ids=config.oai_ids,
-                                     sets=config.sets, resume=config.resume, reconcile=reconcile)
-        stats = harvest_mod.harvest(
-            h, store, run, run_id=run_id, logger=context.log, is_stale=is_stale,
-            on_page=listener.on_page, since_after_lease=since_after_lease,
-        )
+                                     sets=config.sets, resume=config.resume, reconcile=reconcile,
+                                     allow_mass_delete=config.allow_mass_delete)
+        try:
+            stats = harvest_mod.harvest(
+                h, store, run, run_id=run_id, logger=context.log, is_stale=is_stale,
+                on_page=listener.on_page, since_after_lease=since_after_lease,
+            )
+        except harvest_mod.MassDeleteHeldBack as exc:
+            stats = exc.stats  # reported like any harvest, then the run fails
         if listener.on_finish is not None:
             listener.on_finish(stats)
+        held = stats.held_back
         resolved = resolved_box[0]
         meta = raw_metadata(stats, resolved)
         note = meta.get(SINCE_NOTE_KEY)
@@ -233,6 +240,10 @@ def run_harvest(
             previous=latest_metadata(context.instance, records_key) if unchanged else None)
         yield dg.MaterializeResult(asset_key=records_key, metadata=records_meta)
         log_own_checks(context, h, {CHECK_NO_FAILED})
+    if held is not None:
+        context.log.error(held.message())
+        raise dg.Failure(description=held.message(), metadata=held.metadata(),
+                         allow_retries=False)
 
 
 def log_own_checks(context: dg.AssetExecutionContext, h: Harvester, names: set[str]) -> None:
@@ -295,8 +306,10 @@ def raw_metadata(stats: harvest_mod.HarvestStats, resolved: ResolvedSince) -> di
     if not resolved.covers_stored():
         notes.append(f"since does not advance: the run started at {resolved.value}, after "
                      f"the harvester's since {resolved.stored or '(none: never harvested in full)'}")
+    if stats.held_back is not None:
+        notes.append(f"since does not advance: the {stats.held_back.sweep} sweep was held back")
     advances = (stats.covers_selection and resolved.covers_stored()
-                and stats.next_since is not None)
+                and stats.next_since is not None and stats.held_back is None)
     meta: dict[str, Any] = {
         RESPONSE_DATE_KEY: stats.response_date or "",
         NEXT_SINCE_KEY: stats.next_since or "",
@@ -328,6 +341,7 @@ def raw_metadata(stats: harvest_mod.HarvestStats, resolved: ResolvedSince) -> di
         meta["oai/complete_list_size"] = stats.complete_list_size
     if stats.resumed_from_token:
         meta["oai/resumed_from_token"] = stats.resumed_from_token
+    meta.update(_sweep_metadata(stats))
     meta["oai/reconcile"] = stats.reconcile is not None
     if stats.reconcile is not None:
         r = stats.reconcile
@@ -337,6 +351,18 @@ def raw_metadata(stats: harvest_mod.HarvestStats, resolved: ResolvedSince) -> di
                      "oai/reconcile_tombstoned": r.tombstoned,
                      "oai/reconcile_kept": r.kept,
                      "oai/reconcile_vanished": r.vanished})
+    return meta
+
+
+def _sweep_metadata(stats: harvest_mod.HarvestStats) -> dict[str, Any]:
+    """What the run's sweeps did or held back (see `sweep`)."""
+    meta: dict[str, Any] = {"oai/sweep_held_back": stats.held_back is not None}
+    if stats.held_back is not None:
+        meta.update(stats.held_back.metadata())
+    if stats.selection_swept is not None:
+        meta["oai/selection_swept"] = stats.selection_swept
+    if stats.sweep_pending:
+        meta["oai/selection_sweep_pending"] = True
     return meta
 
 

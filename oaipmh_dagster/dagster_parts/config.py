@@ -49,3 +49,12 @@ class HarvestConfig(dg.Config):
             "reconcile_every asks for. Not with oai_ids, until or other sets."
         ),
     )
+    allow_mass_delete: bool = Field(
+        default=False,
+        description=(
+            "Let a sweep tombstone more records than the harvester's max_delete allows: a "
+            "reconcile's records the server no longer lists, or, after a changed URL, "
+            "prefix or sets, the records the first complete harvest did not find. "
+            "Without it such a sweep tombstones nothing and the run fails saying so."
+        ),
+    )

@@ -82,6 +82,11 @@ class _Options(dg.Config):
     comment: str | None = Field(default=None, description="Free text.")
     reconcile_every: int | None = Field(default=None, description="Every Nth scheduled run "
                                         "also reconciles the store (0: never, the default).")
+    max_delete: str | None = Field(default=None, description="The most records a sweep (a "
+                                   "reconcile, or the sweep after a changed URL, prefix or "
+                                   "sets) may tombstone without allow_mass_delete: a share "
+                                   "of the live records such as 10% (add: 10%) or a count "
+                                   "such as 1000.")
     validate_schema: str | None = Field(
         default=None, description="Validate each record against an XML Schema (invalid "
         "records are kept, with a schema error): 'shipped' for the schema shipped for the "
