@@ -224,7 +224,8 @@ class Listener:
     on_finish: Callable[[HarvestStats], None] | None = None
 
 
-SinceAfterLease = Callable[[], tuple[str | None, bool, bool]]
+# (since, full, overlap, where since came from: None for the run's own)
+SinceAfterLease = Callable[[], tuple[str | None, bool, bool, str | None]]
 
 
 def credentials(h: Harvester) -> dict[str, Any]:
@@ -311,8 +312,8 @@ def harvest(
     (`next_since`) and whether it covered the harvester's whole selection
     (`covers_selection`). `on_page` is called after each committed page.
     `since_after_lease`, when given, is called once the harvester's lease is held and
-    returns (since, full, overlap): a run that waited for another harvest of the same
-    harvester starts from the since that harvest left."""
+    returns (since, full, overlap, source): a run that waited for another harvest of the
+    same harvester starts from the since that harvest left."""
     run = run or RunOptions()
     _checked(validate, h, run)
     started = time.perf_counter()
@@ -326,21 +327,22 @@ def harvest(
     ok = False
     try:
         if since_after_lease is not None:
-            since, full, overlap = since_after_lease()
-            run = replace(run, since=since, full=full, overlap=overlap)
+            since, full, overlap, source = since_after_lease()
+            run = replace(run, since=since, full=full, overlap=overlap, since_source=source)
+        local_start = datetime.now(UTC)  # our clock, before the server's first answer
         ident = client.identify()
-        plan = _checked(make_plan, h, run, ident, saved)
+        plan = _checked(make_plan, h, run, ident, saved, local_start)
         for level, note in plan.notes:
             getattr(logger, level)(note)
         _start(stats, plan, ident.response_date)
         _store_pages(_pages(client, h, plan, stats, logger), store, h, run_id, transform,
                      stats, plan, on_page, logger, started, validator)
-        list_start = plan.list_start
-        if stats.mode == "resumed" and plan.resumed_list_start is not None:
-            list_start = min(list_start, plan.resumed_list_start)
-        _decide_next_since(stats, list_start, plan.granularity, whole=plan.covers_sets,
-                           oai_ids=bool(run.oai_ids), until=run.until_dt() is not None,
-                           since=run.since)
+        decided = incremental.next_since(
+            plan.list_start, plan.granularity, previous=plan.since_in_force, now=local_start,
+            earliest=ident.earliest_datestamp,
+            resumed_start=plan.resumed_list_start if stats.mode == "resumed" else None)
+        _decide_next_since(stats, decided, whole=plan.covers_sets, oai_ids=bool(run.oai_ids),
+                           until=run.until_dt() is not None)
         if run.reconcile:
             store.save_checkpoint(h.id, run_id, None)  # the lists are complete
             stats.reconcile = reconcile_mod.reconcile(client, h, store, run_id=run_id,
@@ -452,8 +454,8 @@ def _distinct(
 
 
 def _decide_next_since(
-    stats: HarvestStats, list_start: datetime, gran: Granularity, *, whole: bool,
-    oai_ids: bool, until: bool, since: str | datetime | None,
+    stats: HarvestStats, decided: incremental.NextSince, *, whole: bool, oai_ids: bool,
+    until: bool,
 ) -> None:
     """Fill in `next_since`, `covers_selection` and `since_note` of a finished harvest."""
     reasons = []
@@ -465,8 +467,6 @@ def _decide_next_since(
         reasons.append("it harvested other sets than the harvester's")
     reasons.extend(describe_short(item) for item in stats.short_lists)
     stats.covers_selection = not reasons
-    previous = since if isinstance(since, str) else None
-    decided = incremental.next_since(list_start, gran, previous=previous)
     stats.next_since = decided.value
     notes = [f"since does not advance: {', '.join(reasons)}"] if reasons else []
     if decided.note:

@@ -14,7 +14,7 @@ import pytest
 
 from oaipmh_dagster import incremental
 from oaipmh_dagster.dagster_parts.assets import asset_keys
-from oaipmh_dagster.dagster_parts.since import since_observation
+from oaipmh_dagster.dagster_parts.since import since_observation, since_report
 from oaipmh_dagster.demo.dataset import ServedRecord, make_dataset
 from oaipmh_dagster.oai import Granularity
 from oaipmh_dagster.plan import RunOptions
@@ -188,10 +188,12 @@ def test_a_stored_far_future_since_harvests_in_full_then_heals(
     records for ever."""
     h = add_harvester("j", server.base_url)
     publish(instance, h, "2999-01-01", "operator (cursor edit)", operator=True)
+    report = since_report(instance, h, asset_keys("j")[1])
+    assert report["next_run"].startswith("full harvest") and "2999-01-01" in report["next_run"]
     result = run_job(h, instance)
     assert result.success
     assert list_froms(server) == [None]
-    assert raw_meta(result)["new"] == len(expected_snapshot(server.dataset))
+    assert Store().snapshot("j") == expected_snapshot(server.dataset)
     log = warnings_of(result, instance)
     assert "2999-01-01" in log and "operator (cursor edit)" in log and "ahead" in log
     tick(instance, None, h)

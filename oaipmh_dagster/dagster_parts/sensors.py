@@ -81,32 +81,14 @@ def evaluate(
     published: dict[str, Any] = dict(data.get("published") or {})
     if "published" not in data and not bare:  # a cursor of an older version: adopt it
         for hid, value in since.items():
-            if hid in by_id and incremental.readable(value) and view.get(hid) is None:
+            if (hid in by_id and incremental.readable(value) and view.get(hid) is None
+                    and incremental.check_since(value, "cursor", now=now).verdict == "ok"):
                 view.publish(hid, SinceState(value, view.scope(hid), False, now.timestamp(),
                                              "cursor (adopted)"))
             published[hid] = value
     for hid in sorted(set(since) | set(published)):
-        if hid not in by_id or since.get(hid) == published.get(hid):
-            continue
-        value = since.get(hid)
-        if value in (None, ""):
-            view.publish(hid, SinceState(None, view.scope(hid), True, now.timestamp(),
-                                         "operator (cursor edit: reset)"))
-            lines.append(f"{hid}: since reset by a cursor edit: the next harvest is full")
-            since.pop(hid, None)
-            published.pop(hid, None)
-        elif incremental.readable(value):
-            view.publish(hid, SinceState(value, view.scope(hid), True, now.timestamp(),
-                                         "operator (cursor edit)"))
-            lines.append(f"{hid}: since set to {value} by a cursor edit")
-            published[hid] = value
-        else:
-            lines.append(f"{hid}: ignored the cursor's value {value!r}: not a datestamp "
-                         "(YYYY-MM-DD or YYYY-MM-DDThh:mm:ssZ)")
-            if published.get(hid) is None:
-                since.pop(hid, None)
-            else:
-                since[hid] = published[hid]
+        if hid in by_id and since.get(hid) != published.get(hid):
+            _edit(view, hid, since, published, now, lines)
     watermark, seen = _advance(instance, data, view, since, published, location_name, now,
                                lines)
     refresh = _refresh(view, since, published, int(data.get("refresh") or 0))
@@ -115,6 +97,35 @@ def evaluate(
                       "watermark": watermark, "seen": seen, "refresh": refresh},
                      sort_keys=True)
     return Tick(new, view.events, lines)
+
+
+def _edit(view: _Since, hid: str, since: dict, published: dict, now: datetime,
+          lines: list[str]) -> None:
+    """Publish an operator's cursor edit of `hid`'s since (deleted: a reset), unless the
+    one rule (`incremental.check_since`) refuses the date: then the published one stays."""
+    value = since.get(hid)
+    if value in (None, ""):
+        view.publish(hid, SinceState(None, view.scope(hid), True, now.timestamp(),
+                                     "operator (cursor edit: reset)"))
+        lines.append(f"{hid}: since reset by a cursor edit: the next harvest is full")
+        since.pop(hid, None)
+        published.pop(hid, None)
+        return
+    check = (incremental.check_since(value, f"cursor edit of {hid}", now=now)
+             if incremental.readable(value) else None)
+    if check is not None and check.verdict == "ok":
+        view.publish(hid, SinceState(value, view.scope(hid), True, now.timestamp(),
+                                     "operator (cursor edit)"))
+        lines.append(f"{hid}: since set to {value} by a cursor edit")
+        published[hid] = value
+        return
+    why = (check.message if check is not None else
+           f"{value!r} is not a datestamp (YYYY-MM-DD or YYYY-MM-DDThh:mm:ssZ)")
+    lines.append(f"{hid}: ignored the cursor's value: {why}")
+    if published.get(hid) is None:
+        since.pop(hid, None)
+    else:
+        since[hid] = published[hid]
 
 
 def _advance(
