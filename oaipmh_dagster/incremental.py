@@ -62,7 +62,7 @@ def request_from(
 class SinceCheck:
     """What the one rule says of a since: `verdict` is `ok`, `ahead` (of this machine's
     clock by more than `CLOCK_TOLERANCE`), `before_earliest` (the repository's
-    earliestDatestamp) or `unreadable`; `when` is the since to use (None unless ok);
+    earliestDatestamp) or `unreadable`; `when` is the date read (None unless ok);
     `message` names the source and the value (empty when ok)."""
 
     verdict: str
@@ -76,7 +76,8 @@ def check_since(
     """The one rule for a since from any source (a server's responseDate, an operator,
     a run config, the sensor's cursor, a recorded since): a date ahead of `now` by more
     than `CLOCK_TOLERANCE`, or before `earliest` (when that is not itself ahead), is
-    refused; one a little ahead is clamped to `now`. Never raises."""
+    refused (one a little ahead is accepted: `next_since` records the earlier of a
+    server's clock and ours). Never raises."""
     try:
         when = parse_user_datetime(value)
     except ValueError as exc:
@@ -91,7 +92,7 @@ def check_since(
         return SinceCheck("before_earliest", None, f"{text} ({source}) is before the "
                           "repository's earliestDatestamp "
                           f"{format_datestamp(earliest, Granularity.SECOND)}")
-    return SinceCheck("ok", min(when, now), "")
+    return SinceCheck("ok", when, "")
 
 
 @dataclass(frozen=True)
@@ -129,20 +130,20 @@ def next_since(
         elif check.when is not None:
             check = replace(check, when=min(check.when, resumed.when))
         else:  # the resumed list's start is ours, or a server's we trusted
-            value = format_datestamp(resumed.when, granularity)
+            value = format_datestamp(min(resumed.when, now), granularity)
             return NextSince(value, f"{check.message}; recording {value} (the interrupted "
                              "list's start) instead")
     if check.when is None:
         fallback = previous or format_datestamp(now, granularity)
         return NextSince(fallback, f"{check.message}; recording {fallback} instead")
-    return NextSince(format_datestamp(check.when, granularity), "")
+    return NextSince(format_datestamp(min(check.when, now), granularity), "")
 
 
 def trusted_start(response_date: datetime, now: datetime, earliest: datetime | None) -> datetime:
     """The start of a list as a checkpoint keeps it: the server's clock when
     `check_since` accepts it (clamped to ours), else ours."""
     check = check_since(response_date, "the server's responseDate", now=now, earliest=earliest)
-    return check.when or now
+    return min(check.when or now, now)
 
 
 def is_later(a: str | None, b: str | None) -> bool:

@@ -272,13 +272,8 @@ def judged_since(
     if check.when is None:
         notes.append(("warning", f"{check.message}: harvesting in full (no from) instead"))
         return None, None
-    if check.when == since_dt:
-        return since_dt, (run.since if isinstance(run.since, str)
-                          else format_datestamp(since_dt, Granularity.SECOND))
-    clamped = format_datestamp(check.when, Granularity.SECOND)
-    notes.append(("info", f"{run.since} ({run.since_label()}) is later than this machine's "
-                  f"clock: asking from {clamped}"))
-    return check.when, clamped
+    return since_dt, (run.since if isinstance(run.since, str)
+                      else format_datestamp(since_dt, Granularity.SECOND))
 
 
 def _read_checkpoint(

@@ -67,7 +67,7 @@ def test_one_rule_judges_every_since_and_never_raises() -> None:
     ok = check("2026-05-01", "since from the run config", now=now, earliest=EARLIEST)
     assert ok.verdict == "ok" and ok.when == datetime(2026, 5, 1, tzinfo=UTC) and not ok.message
     near = check(now + timedelta(minutes=8), "since set by operator", now=now)
-    assert near.verdict == "ok" and near.when == now  # clamped to this machine's clock
+    assert near.verdict == "ok" and near.when == now + timedelta(minutes=8)
     late = check("2999-01-01", "cursor edit of j", now=now, earliest=EARLIEST)
     assert late.verdict == "ahead" and late.when is None
     assert "cursor edit of j" in late.message and "2999-01-01" in late.message
@@ -95,6 +95,23 @@ def test_next_since_is_never_later_than_this_machines_clock() -> None:
     first = incremental.next_since(datetime(1, 1, 1, tzinfo=UTC), Granularity.DAY,
                                    previous=None, now=now, earliest=EARLIEST)
     assert first.value == "2026-01-01" and "0001-01-01" in first.note
+
+
+def test_a_resumed_list_records_a_trusted_start() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    older = now - timedelta(hours=1)
+    sec = Granularity.SECOND
+    assert incremental.next_since(now, sec, previous=None, now=now,
+                                  resumed_start=older).value == "2025-12-31T23:00:00Z"
+    # The server's clock is refused now, the interrupted list started at a trusted time.
+    ahead = incremental.next_since(datetime(2999, 1, 1, tzinfo=UTC), sec, previous=None,
+                                   now=now, resumed_start=older)
+    assert ahead.value == "2025-12-31T23:00:00Z" and "interrupted" in ahead.note
+    # A start of year 1 kept by an older checkpoint is not recorded.
+    poisoned = incremental.next_since(now, sec, previous="2025-06-01T00:00:00Z", now=now,
+                                      earliest=EARLIEST,
+                                      resumed_start=datetime(1, 1, 1, tzinfo=UTC))
+    assert poisoned.value == "2025-06-01T00:00:00Z" and "earliestDatestamp" in poisoned.note
 
 
 def test_request_from_never_overflows() -> None:
