@@ -337,12 +337,8 @@ def harvest(
         _start(stats, plan, ident.response_date)
         _store_pages(_pages(client, h, plan, stats, logger), store, h, run_id, transform,
                      stats, plan, on_page, logger, started, validator)
-        decided = incremental.next_since(
-            plan.list_start, plan.granularity, previous=plan.since_in_force, now=local_start,
-            earliest=ident.earliest_datestamp,
-            resumed_start=plan.resumed_list_start if stats.mode == "resumed" else None)
-        _decide_next_since(stats, decided, whole=plan.covers_sets, oai_ids=bool(run.oai_ids),
-                           until=run.until_dt() is not None)
+        _decide_next_since(stats, plan, ident.earliest_datestamp, local_start,
+                           oai_ids=bool(run.oai_ids), until=run.until_dt() is not None)
         if run.reconcile:
             store.save_checkpoint(h.id, run_id, None)  # the lists are complete
             stats.reconcile = reconcile_mod.reconcile(client, h, store, run_id=run_id,
@@ -454,16 +450,21 @@ def _distinct(
 
 
 def _decide_next_since(
-    stats: HarvestStats, decided: incremental.NextSince, *, whole: bool, oai_ids: bool,
-    until: bool,
+    stats: HarvestStats, plan: Plan, earliest: datetime | None, local_start: datetime, *,
+    oai_ids: bool, until: bool,
 ) -> None:
-    """Fill in `next_since`, `covers_selection` and `since_note` of a finished harvest."""
+    """Fill in `next_since`, `covers_selection` and `since_note` of a finished harvest
+    (`local_start`: our clock when it asked for Identify)."""
+    decided = incremental.next_since(
+        plan.list_start, plan.granularity, previous=plan.since_in_force, now=local_start,
+        earliest=earliest,
+        resumed_start=plan.resumed_list_start if stats.mode == "resumed" else None)
     reasons = []
     if oai_ids:
         reasons.append("it fetched chosen identifiers only")
     if until:
         reasons.append("it was bounded by until")
-    if not whole:
+    if not plan.covers_sets:
         reasons.append("it harvested other sets than the harvester's")
     reasons.extend(describe_short(item) for item in stats.short_lists)
     stats.covers_selection = not reasons
