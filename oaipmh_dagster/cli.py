@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NoReturn
 
@@ -470,19 +471,12 @@ def since_show(harvester_id: str, as_json: bool) -> None:
 def since_set(harvester_id: str, date: str) -> None:
     """The next harvest asks from=DATE (YYYY-MM-DD or an ISO 8601 datetime, UTC unless
     it has an offset); runs that started before this do not move it."""
-    from datetime import UTC
-
-    from oaipmh_dagster.oai import parse_user_datetime
+    from oaipmh_dagster.oai import Granularity, format_datestamp
 
     h = _harvester(harvester_id)
-    try:
-        when = parse_user_datetime(date)
-    except ValueError as exc:
-        raise UsageProblem(f"since: {exc}") from exc
-    if when > datetime.now(UTC):
-        raise UsageProblem(f"since {date!r} is in the future: nothing would be harvested")
-    value = (when.strftime("%Y-%m-%d") if len(date.strip()) == 10
-             else when.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    when = _checked_since(date, "since set")
+    value = format_datestamp(when, Granularity.DAY if len(date.strip()) == 10
+                             else Granularity.SECOND)
     _publish_since(h.id, value, "operator (oaipmh-dagster since set)", h)
     click.echo(f"since of {h.id} set to {value}: the next harvest asks from={value}")
 
@@ -516,7 +510,8 @@ def _instance():  # noqa: ANN202 - DagsterInstance, imported lazily
 @cli.command()
 @click.argument("harvester_id", metavar="ID")
 @click.option("--since", help="Harvest records changed on or after this date.")
-@click.option("--until", help="Harvest records changed on or before this date.")
+@click.option("--until", help="Harvest records changed on or before this date (a day "
+              "without a time: up to its end, 23:59:59Z).")
 @click.option("--full", is_flag=True, help="Ignore the remembered since: harvest everything.")
 @click.option("--oai-id", "oai_ids", multiple=True, help="Re-harvest exactly this identifier "
               "(repeatable).")
@@ -568,12 +563,13 @@ def harvest(harvester_id: str, since: str | None, until: str | None, full: bool,
 def _check_run_config(since: str | None, until: str | None, full: bool,
                       oai_ids: tuple[str, ...], sets: tuple[str, ...]) -> None:
     """Refuse what the run would fail on, before a run exists."""
+    from oaipmh_dagster.plan import until_datetime
     from oaipmh_dagster.registry import SET_SPEC_PATTERN
 
     if full and since:
         raise UsageProblem("--full and --since exclude each other")
-    since_dt = _user_datetime("since", since)
-    until_dt = _user_datetime("until", until)
+    since_dt = _checked_since(since, "--since") if since else None
+    until_dt = _user_datetime("until", until, until_datetime)
     if since_dt and until_dt and since_dt > until_dt:
         raise UsageProblem(f"--since {since} is after --until {until}")
     for spec in sets:
@@ -583,16 +579,32 @@ def _check_run_config(since: str | None, until: str | None, full: bool,
         raise UsageProblem("--oai-id: an OAI identifier cannot be empty")
 
 
-def _user_datetime(label: str, value: str | None) -> datetime | None:
+def _user_datetime(label: str, value: str | None,
+                   parse: Callable[[str], datetime] | None = None) -> datetime | None:
     """`value` of option `--label` as a UTC datetime (None when not given)."""
     from oaipmh_dagster.oai import parse_user_datetime
 
     if not value:
         return None
     try:
-        return parse_user_datetime(value)
+        return (parse or parse_user_datetime)(value)
     except ValueError as exc:
         raise UsageProblem(f"--{label}: {exc}") from exc
+
+
+def _checked_since(value: str, label: str) -> datetime:
+    """An operator's since, refused (usage) when unreadable or ahead of this machine's
+    clock: the one rule of `incremental.check_since` (the earliestDatestamp is judged
+    when a run asks the server)."""
+    from datetime import UTC
+
+    from oaipmh_dagster import incremental
+
+    check = incremental.check_since(value, label, now=datetime.now(UTC))
+    if check.when is None:
+        raise UsageProblem(check.message + (": nothing would be harvested"
+                                            if check.verdict == "ahead" else ""))
+    return check.when
 
 
 @cli.command()

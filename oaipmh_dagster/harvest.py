@@ -256,7 +256,8 @@ class Listener:
     on_finish: Callable[[HarvestStats], None] | None = None
 
 
-SinceAfterLease = Callable[[], tuple[str | None, bool, bool]]
+# (since, full, overlap, where since came from: None for the run's own)
+SinceAfterLease = Callable[[], tuple[str | None, bool, bool, str | None]]
 
 
 def credentials(h: Harvester) -> dict[str, Any]:
@@ -378,8 +379,8 @@ def harvest(
     (`next_since`) and whether it covered the harvester's whole selection
     (`covers_selection`). `on_page` is called after each committed page.
     `since_after_lease`, when given, is called once the harvester's lease is held and
-    returns (since, full, overlap): a run that waited for another harvest of the same
-    harvester starts from the since that harvest left.
+    returns (since, full, overlap, source): a run that waited for another harvest of the
+    same harvester starts from the since that harvest left.
 
     When the store holds records of another selection (the URL, prefix or sets changed),
     a since a run recorded is not used (a full harvest), and the first full harvest read
@@ -401,11 +402,12 @@ def harvest(
     ok, keeps, selection = False, None, None
     try:
         if since_after_lease is not None:
-            since, full, overlap = since_after_lease()
-            run = replace(run, since=since, full=full, overlap=overlap)
+            since, full, overlap, source = since_after_lease()
+            run = replace(run, since=since, full=full, overlap=overlap, since_source=source)
         run = _full_when_pending(run, h, pending, logger)
+        local_start = datetime.now(UTC)  # our clock, before the server's first answer
         ident = client.identify()
-        plan = _checked(make_plan, h, run, ident, saved)
+        plan = _checked(make_plan, h, run, ident, saved, local_start)
         keeps = plan.keeps
         for level, note in plan.notes:
             getattr(logger, level)(note)
@@ -415,12 +417,8 @@ def harvest(
         skipped = client.stats.skipped_headers
         _store_pages(_pages(client, h, plan, stats, logger), store, h, run_id, transform,
                      stats, plan, on_page, logger, started, validator, seen)
-        list_start = plan.list_start
-        if stats.mode == "resumed" and plan.resumed_list_start is not None:
-            list_start = min(list_start, plan.resumed_list_start)
-        _decide_next_since(stats, list_start, plan.granularity, whole=plan.covers_sets,
-                           oai_ids=bool(run.oai_ids), until=run.until_dt() is not None,
-                           since=run.since)
+        _decide_next_since(stats, plan, ident.earliest_datestamp, local_start,
+                           oai_ids=bool(run.oai_ids), until=run.until_dt() is not None)
         if client.stats.skipped_headers > skipped and seen is not None:
             logger.warning("the harvest skipped headers it could not read: the records of "
                            "the previous selection are swept by a later full harvest")
@@ -595,21 +593,24 @@ def _distinct(
 
 
 def _decide_next_since(
-    stats: HarvestStats, list_start: datetime, gran: Granularity, *, whole: bool,
-    oai_ids: bool, until: bool, since: str | datetime | None,
+    stats: HarvestStats, plan: Plan, earliest: datetime | None, local_start: datetime, *,
+    oai_ids: bool, until: bool,
 ) -> None:
-    """Fill in `next_since`, `covers_selection` and `since_note` of a finished harvest."""
+    """Fill in `next_since`, `covers_selection` and `since_note` of a finished harvest
+    (`local_start`: our clock when it asked for Identify)."""
+    decided = incremental.next_since(
+        plan.list_start, plan.granularity, previous=plan.since_in_force, now=local_start,
+        earliest=earliest,
+        resumed_start=plan.resumed_list_start if stats.mode == "resumed" else None)
     reasons = []
     if oai_ids:
         reasons.append("it fetched chosen identifiers only")
     if until:
         reasons.append("it was bounded by until")
-    if not whole:
+    if not plan.covers_sets:
         reasons.append("it harvested other sets than the harvester's")
     reasons.extend(describe_short(item) for item in stats.short_lists)
     stats.covers_selection = not reasons
-    previous = since if isinstance(since, str) else None
-    decided = incremental.next_since(list_start, gran, previous=previous)
     stats.next_since = decided.value
     notes = [f"since does not advance: {', '.join(reasons)}"] if reasons else []
     if decided.note:

@@ -12,15 +12,18 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
-from oaipmh_dagster.oai import Granularity, format_datestamp, parse_datestamp
+from oaipmh_dagster.oai import Granularity, format_datestamp, parse_datestamp, parse_user_datetime
 
-# How far ahead of our clock a server's responseDate may be before it is not trusted.
+# How far ahead of our clock a date may be before it is not trusted. A since recorded from
+# a server's clock is never later than ours (see `next_since`), so the overlap need not
+# cover this tolerance: it covers only records a server stamps behind its own clock.
 CLOCK_TOLERANCE = timedelta(minutes=10)
 # Default overlap at seconds granularity; at day granularity it is one day.
 OVERLAP_SECONDS = 300
+_YEAR_ONE = datetime(1, 1, 1, tzinfo=UTC)
 
 
 def scope(base_url: str, metadata_prefix: str, sets: Iterable[str]) -> str:
@@ -45,10 +48,51 @@ def default_overlap(granularity: Granularity) -> timedelta:
 def request_from(
     since: datetime, granularity: Granularity, overlap_seconds: int | None
 ) -> datetime:
-    """The `from` to ask for a remembered `since`: a little earlier by the overlap."""
+    """The `from` to ask for a remembered `since`: a little earlier by the overlap (never
+    before year 1)."""
     overlap = (default_overlap(granularity) if overlap_seconds is None
                else timedelta(seconds=overlap_seconds))
-    return since - overlap
+    try:
+        return since - overlap
+    except OverflowError:
+        return _YEAR_ONE
+
+
+@dataclass(frozen=True)
+class SinceCheck:
+    """What the one rule says of a since: `verdict` is `ok`, `ahead` (of this machine's
+    clock by more than `CLOCK_TOLERANCE`), `before_earliest` (the repository's
+    earliestDatestamp) or `unreadable`; `when` is the date read (None unless ok);
+    `message` names the source and the value (empty when ok)."""
+
+    verdict: str
+    when: datetime | None
+    message: str
+
+
+def check_since(
+    value: str | datetime, source: str, *, now: datetime, earliest: datetime | None = None
+) -> SinceCheck:
+    """The one rule for a since from any source (a server's responseDate, an operator,
+    a run config, the sensor's cursor, a recorded since): a date ahead of `now` by more
+    than `CLOCK_TOLERANCE`, or before `earliest` (when that is not itself ahead), is
+    refused (one a little ahead is accepted: `next_since` records the earlier of a
+    server's clock and ours). Never raises."""
+    try:
+        when = parse_user_datetime(value)
+    except ValueError as exc:
+        return SinceCheck("unreadable", None, f"{source}: {exc}")
+    text = value if isinstance(value, str) else format_datestamp(value, Granularity.SECOND)
+    stamp = format_datestamp(now, Granularity.SECOND)
+    if when > now + CLOCK_TOLERANCE:
+        minutes = int(CLOCK_TOLERANCE.total_seconds() // 60)
+        return SinceCheck("ahead", None, f"{text} ({source}) is ahead of this machine's "
+                          f"clock ({stamp}) by more than {minutes} minutes")
+    if earliest is not None and earliest <= now + CLOCK_TOLERANCE and when < earliest:
+        return SinceCheck("before_earliest", None, f"{text} ({source}) is before the "
+                          "repository's earliestDatestamp "
+                          f"{format_datestamp(earliest, Granularity.SECOND)}")
+    return SinceCheck("ok", when, "")
 
 
 @dataclass(frozen=True)
@@ -65,22 +109,41 @@ def next_since(
     *,
     previous: str | None,
     now: datetime | None = None,
+    earliest: datetime | None = None,
+    resumed_start: datetime | None = None,
 ) -> NextSince:
     """The since to record after reading lists that started at `list_start` (server
-    clock). A start later than our clock (beyond `CLOCK_TOLERANCE`) is not trusted: the
-    previous since is kept, or, without one, our clock in the server's granularity."""
+    clock; `now` is ours at that moment, `resumed_start` the trusted start of an earlier
+    list the harvest continued). `check_since` judges the server's clock: a start a
+    little ahead of ours is clamped to ours (so a server up to `CLOCK_TOLERANCE` ahead
+    loses no change, whatever the overlap); one it refuses is not recorded: the
+    `previous` since is kept, or, without one, our clock in the server's granularity."""
     now = now or datetime.now(UTC)
     if list_start is None:
         return NextSince(None, "the harvest read no list")
-    if list_start > now + CLOCK_TOLERANCE:
+    check = check_since(list_start, "the server's responseDate", now=now, earliest=earliest)
+    if resumed_start is not None:
+        resumed = check_since(resumed_start, "the interrupted list's start", now=now,
+                              earliest=earliest)
+        if resumed.when is None:
+            check = resumed
+        elif check.when is not None:
+            check = replace(check, when=min(check.when, resumed.when))
+        else:  # the resumed list's start is ours, or a server's we trusted
+            value = format_datestamp(min(resumed.when, now), granularity)
+            return NextSince(value, f"{check.message}; recording {value} (the interrupted "
+                             "list's start) instead")
+    if check.when is None:
         fallback = previous or format_datestamp(now, granularity)
-        return NextSince(
-            fallback,
-            f"the server's responseDate {format_datestamp(list_start, granularity)} is "
-            f"ahead of this machine's clock ({format_datestamp(now, granularity)}); "
-            f"recording {fallback} instead",
-        )
-    return NextSince(format_datestamp(list_start, granularity), "")
+        return NextSince(fallback, f"{check.message}; recording {fallback} instead")
+    return NextSince(format_datestamp(min(check.when, now), granularity), "")
+
+
+def trusted_start(response_date: datetime, now: datetime, earliest: datetime | None) -> datetime:
+    """The start of a list as a checkpoint keeps it: the server's clock when
+    `check_since` accepts it (clamped to ours), else ours."""
+    check = check_since(response_date, "the server's responseDate", now=now, earliest=earliest)
+    return min(check.when or now, now)
 
 
 def is_later(a: str | None, b: str | None) -> bool:
@@ -124,15 +187,26 @@ def after_run(
 ) -> SinceState | None:
     """The state after a successful run that recorded `value` for `run_scope`, or None
     when the run changes nothing: it started before an operator's edit (it harvested
-    from the since the operator replaced), or it would move since backwards."""
+    from the since the operator replaced), or it would move since backwards (unless the
+    since in force is later than the run's start: see `_after`)."""
     if value is None:
         return None
     if current is not None and current.operator and run_started < current.at:
         return None
     if (current is not None and current.value and current.scope == run_scope
-            and not is_later(current.value, value)):
+            and not is_later(current.value, value) and not _after(current.value, run_started)):
         return None
     return SinceState(value, run_scope, False, at, source)
+
+
+def _after(value: str, when: float) -> bool:
+    """Whether datestamp `value` is later than epoch `when`: a since ahead of the start of
+    a run (which asked from its own clock or harvested in full, see `check_since`) is
+    replaced by what that run records, even an earlier date."""
+    try:
+        return parse_datestamp(value) > datetime.fromtimestamp(when, UTC)
+    except (ValueError, OverflowError, OSError):
+        return False
 
 
 def in_force(state: SinceState | None, current_scope: str) -> tuple[str | None, str]:

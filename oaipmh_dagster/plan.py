@@ -8,9 +8,10 @@ loop (`harvest`) executes the plan; `Checkpoint` is what it saves after each pag
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 from oaipmh_dagster import incremental
@@ -33,12 +34,17 @@ class RunOptions:
     `oai_ids` fetches exactly those records with GetRecord; `sets` replaces the
     harvester's sets; `resume=False` ignores the interrupted harvest's checkpoint;
     `reconcile` compares the listed identifiers with the store after the lists;
-    `allow_mass_delete` lets a sweep tombstone more than the harvester's `max_delete`."""
+    `allow_mass_delete` lets a sweep tombstone more than the harvester's `max_delete`.
+    `since_source` names where a remembered since came from (e.g. "since recorded by run
+    1a2b3c4d"); None: `since` is the caller's own (run config, CLI), and a since the
+    one rule (`incremental.check_since`) refuses as ahead of the clock fails the run
+    instead of harvesting in full. A `until` without a time means the end of that day."""
 
     since: str | datetime | None = None
     until: str | datetime | None = None
     full: bool = False
     overlap: bool = False
+    since_source: str | None = None
     oai_ids: Sequence[str] = ()
     sets: Sequence[str] | None = None
     resume: bool = True
@@ -50,10 +56,31 @@ class RunOptions:
         return None if self.full or self.since in (None, "") else parse_user_datetime(self.since)
 
     def until_dt(self) -> datetime | None:
-        return None if self.until in (None, "") else parse_user_datetime(self.until)
+        """`until` as a datetime: a day (`YYYY-MM-DD`) means its last second."""
+        if self.until in (None, ""):
+            return None
+        assert self.until is not None
+        return until_datetime(self.until)
+
+    def since_label(self) -> str:
+        """Where `since` came from, for messages."""
+        return self.since_source or "since from the run config"
 
     def set_specs(self, h: Harvester) -> list[str]:
         return list(h.sets if self.sets is None else self.sets)
+
+
+def until_datetime(value: str | date | datetime) -> datetime:
+    """A user's `until` as a UTC datetime: a date without a time (`2024-03-10`, a `date`)
+    is the end of that day, 23:59:59 (at day granularity it is the same day)."""
+    dt = parse_user_datetime(value)
+    text = value.strip() if isinstance(value, str) else None
+    day_only = (isinstance(value, date) and not isinstance(value, datetime)) or (
+        text is not None and _DAY.fullmatch(text) is not None)
+    return dt.replace(hour=23, minute=59, second=59) if day_only else dt
+
+
+_DAY = re.compile(r"[0-9]{4}-?[0-9]{2}-?[0-9]{2}")
 
 
 def validate(h: Harvester, run: RunOptions) -> None:
@@ -174,6 +201,7 @@ class Plan:
     # The saved checkpoint of a list this harvest neither resumes nor reads whole: left
     # for the harvest that continues it when this one succeeds (None: a success clears).
     keeps: Any = None
+    since_in_force: str | None = None  # the run's since once the one rule accepted it
 
     @property
     def windowed(self) -> bool:
@@ -181,27 +209,33 @@ class Plan:
 
 
 def make_plan(
-    h: Harvester, run: RunOptions, ident: Identify, checkpoint: Any = None
+    h: Harvester, run: RunOptions, ident: Identify, checkpoint: Any = None,
+    now: datetime | None = None,
 ) -> Plan:
     """Decide the harvest of `h` for `run` against a server that answered Identify with
-    `ident`, resuming the saved `checkpoint` (its JSON) when it still applies."""
+    `ident`, resuming the saved `checkpoint` (its JSON) when it still applies; `now` is
+    this machine's clock when the harvest asked for Identify."""
     validate(h, run)
     gran = ident.granularity
-    since_dt, until_dt = run.since_dt(), run.until_dt()
+    now = now or datetime.now(UTC)
+    notes: list[tuple[str, str]] = []
+    since_dt, in_force = (None, None) if run.oai_ids else judged_since(run, ident, now, notes)
+    until_dt = run.until_dt()
     if since_dt is not None and run.overlap:
         since_dt = incremental.request_from(since_dt, gran, h.overlap)
     sets = tuple(dict.fromkeys(run.set_specs(h)))
+    listed = incremental.trusted_start(ident.response_date, now, ident.earliest_datestamp)
     base: dict[str, Any] = {
         "granularity": gran, "sets": sets, "covers_sets": covers_sets(h, run),
-        "list_start": ident.response_date, "checkpoint_start": ident.response_date.isoformat(),
+        "list_start": ident.response_date, "checkpoint_start": listed.isoformat(),
         "since": format_datestamp(since_dt, gran) if since_dt else None,
         "until": format_datestamp(until_dt, gran) if until_dt else None,
+        "since_in_force": in_force,
     }
     if run.oai_ids:
         return Plan(mode="oai_ids", oai_ids=tuple(run.oai_ids), keeps=checkpoint or None,
                     notes=_kept_note(_parsed(checkpoint, gran)), **base)
     mode = "full" if since_dt is None else "incremental"
-    notes: list[tuple[str, str]] = []
     saved = _read_checkpoint(checkpoint, gran, notes)
     usable = saved if run.resume else None
     start = since_dt or ident.earliest_datestamp
@@ -292,6 +326,27 @@ def _covers(sets: tuple[str, ...], saved: Checkpoint) -> bool:
     theirs = ({saved.set_spec} - {None} if isinstance(saved, ListCheckpoint)
               else set(saved.sets))
     return not sets or (bool(theirs) and theirs <= set(sets))
+
+
+def judged_since(
+    run: RunOptions, ident: Identify, now: datetime, notes: list[tuple[str, str]]
+) -> tuple[datetime | None, str | None]:
+    """The run's since once the one rule (`incremental.check_since`) has judged it, and
+    the since it keeps in force (None: harvest in full). A since before the repository's
+    earliestDatestamp is asked without `from`, as is a remembered one ahead of the clock
+    (a warning says so); the run's own since ahead of the clock fails it (`PlanError`)."""
+    since_dt = run.since_dt()
+    if since_dt is None or run.since is None:
+        return None, None
+    check = incremental.check_since(run.since, run.since_label(), now=now,
+                                    earliest=ident.earliest_datestamp)
+    if check.verdict == "ahead" and run.since_source is None:
+        raise PlanError(f"{check.message}: nothing would be harvested")
+    if check.when is None:
+        notes.append(("warning", f"{check.message}: harvesting in full (no from) instead"))
+        return None, None
+    return since_dt, (run.since if isinstance(run.since, str)
+                      else format_datestamp(since_dt, Granularity.SECOND))
 
 
 def _read_checkpoint(

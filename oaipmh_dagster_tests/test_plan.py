@@ -90,7 +90,7 @@ def test_parallel_plan_has_one_open_window_per_set() -> None:
                         RunOptions(since="2023-01-01", until="2023-12-31"), ident())
     assert bounded.windows is not None
     assert bounded.windows[0].window.bounds(Granularity.SECOND) == (
-        "2023-01-01T00:00:00Z", "2023-12-31T00:00:00Z")
+        "2023-01-01T00:00:00Z", "2023-12-31T23:59:59Z")  # until a day: its end
 
 
 def test_parallel_without_earliest_datestamp_is_sequential() -> None:

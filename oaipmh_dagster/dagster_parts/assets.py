@@ -172,7 +172,7 @@ def run_harvest(
         instance, run_id = context.instance, context.run_id
         resolved_box: list[ResolvedSince] = []
 
-        def since_after_lease() -> tuple[str | None, bool, bool]:
+        def since_after_lease() -> tuple[str | None, bool, bool, str | None]:
             """Resolve since once the lease is held (after any harvest it waited for)."""
             resolved = resolve_since(instance, h, since=config.since, full=config.full,
                                      raw_key=raw_key)
@@ -192,7 +192,7 @@ def run_harvest(
                 **({RECONCILE_TAG: "true"} if reconcile else {}),
             })
             return (resolved.value, config.full or resolved.value is None,
-                    resolved.overlap)
+                    resolved.overlap, resolved.label())
 
         def is_stale(other_run: str | None) -> bool:
             if other_run is None:

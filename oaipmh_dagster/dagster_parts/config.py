@@ -19,7 +19,8 @@ class HarvestConfig(dg.Config):
     )
     until: str | None = Field(
         default=None,
-        description="Harvest records changed on or before this date. Empty: up to now.",
+        description=("Harvest records changed on or before this date (a day without a time: "
+                     "up to its end, 23:59:59Z). Empty: up to now."),
     )
     full: bool = Field(
         default=False,

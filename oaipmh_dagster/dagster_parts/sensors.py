@@ -161,7 +161,8 @@ def evaluate(
 def _adopt(view: _Since, since: dict[str, Any], now: datetime) -> None:
     """Publish a first-version cursor's entries where nothing is published yet."""
     for hid, value in list(since.items()):
-        if incremental.readable(value) and view.get(hid) is None:
+        if (incremental.readable(value) and view.get(hid) is None
+                and incremental.check_since(value, "cursor", now=now).verdict == "ok"):
             view.publish(hid, SinceState(value, view.scope(hid), False, now.timestamp(),
                                          "cursor (adopted)"))
 
@@ -196,14 +197,22 @@ def _apply_edits(view: _Since, cur: Cursor, since: dict[str, Any], now: datetime
                                          "operator (cursor edit: reset)"))
             lines.append(f"{hid}: since reset by a cursor edit: the next harvest is full")
             since.pop(hid, None)
-        elif incremental.readable(value):
+        elif (why := _refused(hid, value, now)) is None:
             view.publish(hid, SinceState(value, view.scope(hid), True, now.timestamp(),
                                          "operator (cursor edit)"))
             lines.append(f"{hid}: since set to {value} by a cursor edit")
         else:
-            lines.append(f"{hid}: ignored the cursor's value {value!r}: not a datestamp "
-                         "(YYYY-MM-DD or YYYY-MM-DDThh:mm:ssZ)")
+            lines.append(f"{hid}: ignored the cursor's value: {why}")
             _put(since, hid, was)
+
+
+def _refused(hid: str, value: Any, now: datetime) -> str | None:
+    """Why an operator's cursor entry is not taken as a since (None: it is): not a
+    datestamp, or refused by the one rule (`incremental.check_since`)."""
+    if not incremental.readable(value):
+        return f"{value!r} is not a datestamp (YYYY-MM-DD or YYYY-MM-DDThh:mm:ssZ)"
+    check = incremental.check_since(value, f"cursor edit of {hid}", now=now)
+    return None if check.verdict == "ok" else check.message
 
 
 def _put(since: dict[str, Any], hid: str, value: Any) -> None:

@@ -51,6 +51,15 @@ class ResolvedSince:
     overlap: bool = False  # ask a little earlier (a since recorded by a run)
     stored: str | None = None  # the since in force for the harvester's selection
     note: str = ""
+    origin: str = ""  # who recorded a stored since (e.g. "run 1a2b3c4d", "operator (...)")
+
+    def label(self) -> str | None:
+        """Where a remembered since came from, for the one rule's messages (None: the
+        run's own since, from its run config)."""
+        if self.source == "run_config" or self.value is None:
+            return None
+        verb = "set by" if self.source == "operator" else "recorded by"
+        return f"since {verb} {self.origin or self.source}"
 
     def covers_stored(self) -> bool:
         """Whether a run from this since covers everything after the stored since (an
@@ -204,7 +213,8 @@ def resolve_since(
         return ResolvedSince(None, "full", stored=stored)
     if stored:
         source = "operator" if state is not None and state.operator else "run"
-        return ResolvedSince(stored, source, overlap=source == "run", stored=stored)
+        return ResolvedSince(stored, source, overlap=source == "run", stored=stored,
+                             origin=state.source if state is not None else "")
     if note:
         return ResolvedSince(None, "scope_changed", note=note)
     return ResolvedSince(None, "none")
@@ -246,8 +256,9 @@ def parse_cursor(cursor: str | None) -> tuple[dict[str, Any], list[str]]:
     """The since sensor's cursor as a dict, and the problems found in it.
 
     The shape is {"since": {id: datestamp}, "published": {...}, "watermark": ..., "seen":
-    [...]}. An operator may also type a bare mapping {id: datestamp}; it has no
-    watermark, so it comes back with `"watermark": "now"`. A cursor that is not a JSON
+    [...]}. An operator may also type {"since": {id: datestamp}} alone, or a bare mapping
+    {id: datestamp}: each entry is an edit, and it comes back with `"watermark": "now"`
+    (a cursor of an older version has a watermark and no `published`). A cursor that is not a JSON
     object is reported and replaced by an empty one (the since in force is kept in the
     asset observations, so nothing is lost)."""
     empty: dict[str, Any] = {"since": {}, "watermark": None}
@@ -262,6 +273,8 @@ def parse_cursor(cursor: str | None) -> tuple[dict[str, Any], list[str]]:
     problems = []
     if "since" not in data:
         data = {"since": data, "watermark": "now"}
+    elif "watermark" not in data and "published" not in data:  # {"since": {id: date}}
+        data["watermark"] = "now"
     if not isinstance(data.get("since"), dict):
         problems.append(f"'since' must map harvester ids to dates, not {data.get('since')!r}")
         data["since"] = {}
@@ -298,8 +311,12 @@ def since_report(instance: dg.DagsterInstance, h: Harvester, raw_key: dg.AssetKe
                     "at": datetime.fromtimestamp(record.timestamp, UTC).strftime(
                         "%Y-%m-%dT%H:%M:%SZ")}
             break
+    check = (incremental.check_since(resolved.value, resolved.label() or "since",
+                                     now=datetime.now(UTC)) if resolved.value else None)
     if resolved.value is None:
         next_run = "full harvest" + (f" ({resolved.note})" if resolved.note else "")
+    elif check is not None and check.verdict == "ahead":
+        next_run = f"full harvest ({check.message})"
     elif resolved.overlap:
         overlap = ("the default overlap" if h.overlap is None
                    else f"an overlap of {h.overlap} s")

@@ -81,7 +81,7 @@ class OAIError(Exception):
 def format_seconds(value: datetime) -> str:
     """``value`` in UTC at seconds granularity."""
     utc = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    return utc.strftime(_SECONDS_FMT)
+    return f"{utc.year:04d}" + utc.strftime(_SECONDS_FMT[2:])  # %Y is not padded before 1000
 
 
 # -- requests -------------------------------------------------------------------------
