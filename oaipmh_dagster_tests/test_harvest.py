@@ -103,7 +103,7 @@ class Said(list):
 
 @pytest.mark.parametrize("between", [
     RunOptions(oai_ids=["oai:demo.example.org:1"]),  # reads no list
-    RunOptions(since="2000-01-01"),  # reads another list
+    RunOptions(since="2019-06-01"),  # reads another list (after earliestDatestamp)
     RunOptions(sets=["datasets"]),  # reads other lists
 ], ids=["oai_ids", "since", "sets"])
 def test_an_interrupted_harvest_resumes_after_another_one_succeeded(
@@ -140,9 +140,9 @@ def test_a_harvest_that_reads_the_interrupted_list_whole_clears_its_checkpoint(
     store = Store()
     server.faults.add("malformed", verb="ListRecords", page=4, times=100)
     with pytest.raises(OAIError):
-        harvest(_h(server), store, RunOptions(since="2000-01-01"), run_id="r1", options=FAST)
+        harvest(_h(server), store, RunOptions(since="2019-06-01"), run_id="r1", options=FAST)
     server.faults.clear()
-    assert store.state("t")["checkpoint"]["since"] == "2000-01-01T00:00:00Z"
+    assert store.state("t")["checkpoint"]["since"] == "2019-06-01T00:00:00Z"
     assert harvest(_h(server), store, run_id="r2", options=FAST).mode == "full"
     assert store.state("t")["checkpoint"] is None
 
