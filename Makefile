@@ -8,11 +8,17 @@ STAMP := $(VENV)/.installed-dev
 RUNTIME_STAMP := $(VENV)/.installed
 DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export DAGSTER_HOME
+# pytest-xdist's workers for `make test` and `make check` (one test file per worker at a
+# time, so session and module fixtures are set up once); `make test JOBS=1`, or a venv
+# without pytest-xdist, runs the tests in one process.
+JOBS ?= 2
+PARALLEL = $(shell [ "$(JOBS)" != 1 ] && $(BIN)/python -c "import xdist" 2>/dev/null \
+	&& echo "-n $(JOBS) --dist loadfile")
 # `make demo PORT=3001 OAI_PORT=8766`: the Dagster UI's and the demo endpoint's ports.
 PORT ?= 3000
 OAI_PORT ?= 8765
 
-.PHONY: test demo bench lint install clean chromium
+.PHONY: test check demo bench lint install clean chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +39,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check oaipmh_dagster oaipmh_dagster_tests benchmarks
 	$(BIN)/mypy
 
+# The fast loop (about two minutes on 2 cores): lint, types and every test not marked
+# `slow` or `browser` (README, Development). `make test` still runs everything.
+check: $(STAMP)
+	$(BIN)/ruff check oaipmh_dagster oaipmh_dagster_tests benchmarks
+	$(BIN)/mypy
+	$(BIN)/python -m pytest $(PARALLEL) -q -m "not slow and not browser"
+
 # Debian's Chromium for the browser tests (never a downloaded browser); without it,
 # and without root to install it, the browser tests skip with a reason.
 chromium:
@@ -43,7 +56,7 @@ test: $(STAMP) chromium
 	$(BIN)/mypy
 	mkdir -p $(DAGSTER_HOME)
 	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/dg check defs
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PARALLEL)
 
 demo: $(RUNTIME_STAMP)
 	mkdir -p $(DAGSTER_HOME)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -108,7 +109,10 @@ def sqlite_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
 
 
 def _forget_dagster_state_storage() -> None:
-    """An earlier test's instance, gone since, would make the next definitions load fail."""
+    """An earlier test's instance, gone since, would make the next definitions load fail.
+    Until a test has imported Dagster there is nothing to forget (and no import to pay)."""
+    if "dagster" not in sys.modules:
+        return
     from oaipmh_dagster.dagster_parts._private import forget_defs_state_storage
 
     forget_defs_state_storage()
@@ -189,3 +193,92 @@ def instance() -> Iterator[Any]:
 
     with dg.instance_for_test() as inst:
         yield inst
+
+
+# -- the fast loop: `make check` runs every test not marked `slow` or `browser` -----------
+#
+# Marked `slow` here, in one place (measured with `pytest --durations=0`): the folders that
+# start servers, subprocesses or `dagster dev` for every test, the modules whose tests mostly
+# run Dagster jobs in-process, and single tests that took over 2 s on a loaded 2-core machine
+# (about 0.6 s on a quiet one: a Dagster run, a CLI subprocess, a property search). A test
+# is named by its function (every parameter); a name that no longer exists fails the
+# collection, so the list cannot silently rot. `make test` and CI still run everything.
+
+SLOW_FOLDERS = ("browser", "e2e", "reliability")
+SLOW_MODULES = (
+    "test_alerts.py", "test_cli_list.py", "test_harvest.py", "test_harvest_xslt.py",
+    "test_job.py", "test_manage.py", "test_reconcile.py", "test_short_list.py",
+    "test_since.py", "test_windows.py", "validation/test_schema_check.py",
+)
+SLOW_TESTS = {
+    "demo/test_invalid.py": ("test_demo_harvest_reports_the_invalid_records",),
+    "demo/test_server.py": ("test_make_dataset_200k_is_quick",),
+    "oai/test_datestamp_forms.py": ("test_any_text_reads_or_is_refused_cleanly",),
+    "oai/test_deadline.py": ("test_slow_response_within_the_deadline_succeeds",
+                             "test_trickling_response_fails_at_the_deadline"),
+    "oai/test_paging.py": ("test_memory_bounded_one_page_at_a_time",),
+    "test_cli.py": ("test_add_loads_only_what_it_needs", "test_invalid_row",
+                    "test_list_and_show", "test_records_after_a_real_harvest",
+                    "test_remove_confirmed_on_stdin", "test_remove_yes",
+                    "test_update_checks_the_sets"),
+    "test_cli_errors.py": ("test_broken_database_in_a_process",
+                           "test_failed_harvest_in_a_bare_home",
+                           "test_failed_harvest_in_a_process", "test_failed_harvest_is_one_line",
+                           "test_failed_harvest_verbose", "test_harvest_bad_run_config",
+                           "test_harvest_overflowing_date_in_a_process"),
+    "test_cli_inspect.py": ("test_unreachable_endpoint_in_a_process",),
+    "test_cli_output.py": ("test_show_has_no_python_reprs",),
+    "test_cli_records.py": ("test_filters",),
+    "test_cli_xslt.py": ("test_add_stores_an_absolute_path",),
+    "test_definitions.py": ("test_dagster_definitions_validate_cli",
+                            "test_harvester_without_cron_has_stopped_schedule",
+                            "test_names_per_harvester",
+                            "test_reconstruction_uses_snapshot_not_registry"),
+    "test_demo_run.py": ("test_dagster_dev_does_not_warn_about_the_root_dagster_yaml",
+                         "test_demo_prints_the_ui_line_after_it_answers",
+                         "test_ui_line_waits_for_the_ui"),
+    "test_deploy_configs.py": ("test_postgres_config_runs_a_job",
+                               "test_retries_enable_the_daemon_that_launches_them",
+                               "test_run_launcher_config_matches_its_class",
+                               "test_shipped_dagster_yaml_concurrency_in_force"),
+    "test_export.py": ("test_export_onto_a_full_disk",
+                       "test_export_to_stdout_whose_reader_goes_away"),
+    "test_packaging.py": ("test_dg_check_defs_loads_the_harvesters",),
+    "test_private.py": ("test_forget_defs_state_storage_lets_a_later_load_succeed",
+                        "test_read_sensor_cursor_of_a_started_sensor",
+                        "test_stored_schedule_statuses_one_running_state_wins"),
+    "test_profile.py": ("test_coverage_carried_over_when_a_run_changes_nothing",
+                        "test_records_asset_profiles_a_sample_past_its_cap",
+                        "test_records_materialization_carries_coverage"),
+    "test_registry.py": ("test_list_rows_keeps_rows_in_chunks_in_id_order",),
+    "test_schedule_stop.py": ("test_remove_without_webserver_stops_a_started_schedule",),
+    "transform/test_plugin_sources.py": ("test_manage_harvesters_refuses_it",),
+    "transform/test_xml.py": ("test_generated_trees_round_trip",),
+    "validation/test_setup.py": ("test_shipped_schemas_are_in_the_built_wheel",),
+}
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def is_slow(module: str, function: str) -> bool:
+    """Whether the test `function` of `module` (a path below oaipmh_dagster_tests/) is
+    left out of the fast loop."""
+    return (module.split("/")[0] in SLOW_FOLDERS or module in SLOW_MODULES
+            or function in SLOW_TESTS.get(module, ()))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests of the lists above `slow`; fail on a listed test that is gone."""
+    checked: set[str] = set()
+    for item in items:
+        module = Path(str(item.fspath)).resolve().relative_to(TESTS_DIR).as_posix()
+        function = getattr(item, "originalname", item.name)
+        if is_slow(module, function):
+            item.add_marker(pytest.mark.slow)
+        if module in SLOW_TESTS and module not in checked:
+            checked.add(module)
+            gone = [name for name in SLOW_TESTS[module]
+                    if not hasattr(getattr(item, "module", None), name)]
+            if gone:
+                raise pytest.UsageError(
+                    f"conftest.SLOW_TESTS names tests that {module} no longer has: "
+                    + ", ".join(gone))

@@ -35,6 +35,7 @@ __all__ = [
     "Fault",
     "FaultPlan",
     "FaultyOAIServer",
+    "ManualClock",
     "RequestInfo",
     "RequestLog",
 ]
@@ -138,18 +139,34 @@ class FaultPlan:
 # -- the server -----------------------------------------------------------------------
 
 
+class ManualClock:
+    """A clock that moves only when told: ``server.outage_clock = ManualClock()`` makes an outage
+    (``down``) last until the test advances the clock past it, whatever the machine's speed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 class FaultyOAIServer(OAIServer):
-    """The loopback server, misbehaving as :attr:`faults` plans."""
+    """The loopback server, misbehaving as :attr:`faults` plans. :attr:`outage_clock` (default
+    :func:`time.monotonic`) times the outages of ``down``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.faults = FaultPlan()
+        self.outage_clock: Callable[[], float] = time.monotonic
         self._down_until = 0.0
 
     def handle(self, request: RequestInfo) -> Reply:
         """The reply, altered by the first planned fault matching ``request``."""
         assert request.log is not None
-        if time.monotonic() < self._down_until:
+        if self.outage_clock() < self._down_until:
             request.log.fault = "down"
             return Reply(abort=True)
         fault = self.faults.take(request)
@@ -160,7 +177,7 @@ class FaultyOAIServer(OAIServer):
 
     def go_down(self, seconds: float) -> None:
         """Drop every connection for ``seconds`` from now."""
-        self._down_until = time.monotonic() + seconds
+        self._down_until = self.outage_clock() + seconds
 
 
 Action = Callable[[FaultyOAIServer, RequestInfo, dict[str, Any]], Reply]

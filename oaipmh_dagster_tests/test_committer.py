@@ -10,6 +10,8 @@ import pytest
 
 from oaipmh_dagster.committer import Committer
 
+WAIT = 60.0  # an upper bound on any wait below: reached only when the committer is broken
+
 
 def test_commits_in_order_and_reports_each_item_once() -> None:
     done: list[int] = []
@@ -25,33 +27,47 @@ def test_commits_in_order_and_reports_each_item_once() -> None:
 def test_commits_run_in_another_thread_while_the_caller_goes_on() -> None:
     release = threading.Event()
     threads: list[str] = []
+    finished: list[int] = []
 
     def commit(item: int) -> None:
         threads.append(threading.current_thread().name)
-        release.wait(5)
+        release.wait(WAIT)
+        finished.append(item)
 
     with Committer(commit, depth=1) as committer:
-        started = time.monotonic()
         committer.submit(1)  # committing, held
         committer.submit(2)  # waiting in the queue
-        assert time.monotonic() - started < 1  # neither call waited for a commit
+        assert finished == []  # neither call waited for a commit to end
         release.set()
         committer.finish()
-    assert threads == ["oaipmh-committer"] * 2
+    assert threads == ["oaipmh-committer"] * 2 and finished == [1, 2]
 
 
 def test_the_caller_waits_when_depth_items_wait() -> None:
     release = threading.Event()
-    with Committer(lambda item: release.wait(5), depth=1) as committer:
+    committing = threading.Event()
+    returned: list[int] = []
+
+    def commit(item: int) -> None:
+        committing.set()
+        release.wait(WAIT)
+
+    with Committer(commit, depth=1) as committer:
         committer.submit(1)
-        committer.submit(2)
-        blocked = threading.Thread(target=committer.submit, args=(3,))
+        assert committing.wait(WAIT)  # 1 is committing, held
+        committer.submit(2)  # 2 queued: the queue is full
+
+        def submit_3() -> None:
+            committer.submit(3)
+            returned.append(3)
+
+        blocked = threading.Thread(target=submit_3)
         blocked.start()
         blocked.join(0.3)
-        assert blocked.is_alive()  # 1 committing, 2 queued: 3 waits
+        assert blocked.is_alive() and returned == []  # 3 waits
         release.set()
-        blocked.join(5)
-        assert not blocked.is_alive()
+        blocked.join(WAIT)
+        assert not blocked.is_alive() and returned[-1] == 3
         committer.finish()
 
 
@@ -71,11 +87,15 @@ def test_a_failed_commit_is_raised_and_nothing_after_it_is_committed() -> None:
     assert done == [0, 1, 2]
 
 
-def test_items_handed_over_before_the_callers_error_are_committed() -> None:
+def test_items_handed_over_before_the_callers_error_are_committed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import oaipmh_dagster.committer as committer_mod
+
+    monkeypatch.setattr(committer_mod, "ABANDON_AFTER", WAIT)  # never reached here
     done: list[int] = []
 
     def commit(item: int) -> None:
-        time.sleep(0.05)
+        time.sleep(0.05)  # slow commits: the error comes while they are still pending
         done.append(item)
 
     with pytest.raises(ValueError, match="fetch failed"), Committer(commit) as committer:
@@ -86,14 +106,24 @@ def test_items_handed_over_before_the_callers_error_are_committed() -> None:
 
 
 def test_an_error_does_not_wait_for_a_stuck_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the caller's error, the `with` block gives the stuck commit ABANDON_AFTER
+    seconds, then leaves it behind: the commit is still stuck when the error comes out."""
     import oaipmh_dagster.committer as committer_mod
 
     monkeypatch.setattr(committer_mod, "ABANDON_AFTER", 0.3)
     stuck = threading.Event()
-    started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt), Committer(lambda item: stuck.wait(30)) as committer:
+    entered = threading.Event()
+    ended: list[int] = []
+
+    def commit(item: int) -> None:
+        entered.set()
+        stuck.wait(WAIT)
+        ended.append(item)
+
+    with pytest.raises(KeyboardInterrupt), Committer(commit) as committer:
         committer.submit(1)  # committing, stuck
         committer.submit(2)  # waiting
+        assert entered.wait(WAIT)
         raise KeyboardInterrupt
-    assert time.monotonic() - started < 5
+    assert ended == []  # the stuck commit was left behind, not awaited
     stuck.set()

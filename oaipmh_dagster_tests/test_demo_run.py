@@ -75,18 +75,22 @@ def test_port_in_use() -> None:
         assert demo_run.port_in_use(free)
 
 
+# A stand-in UI: listens after argv[2] seconds, answers one request and ends (or ends
+# after argv[3] seconds without one), so a slow machine cannot outlast its window.
 SLOW_UI = """
 import http.server, sys, time
 time.sleep(float(sys.argv[2]))
+answered = []
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers()
         self.wfile.write(b"ok")
+        answered.append(self.path)
     def log_message(self, *a): pass
 server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H)
 server.timeout = 0.2
 end = time.monotonic() + float(sys.argv[3])
-while time.monotonic() < end:
+while not answered and time.monotonic() < end:
     server.handle_request()
 """
 
@@ -96,7 +100,7 @@ def test_ui_line_waits_for_the_ui(tmp_path: Path) -> None:
     script = tmp_path / "slow_ui.py"
     script.write_text(SLOW_UI)
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, str(script), str(port), "1.5", "10"])
+    proc = subprocess.Popen([sys.executable, str(script), str(port), "1.5", "120"])
     try:
         assert demo_run.wait_for_ui(f"http://127.0.0.1:{port}", proc, poll=0.1)
         assert time.monotonic() - start >= 1.5
@@ -126,7 +130,7 @@ def test_demo_prints_the_ui_line_after_it_answers(
     def fake_dev(ui_port: int, home: Path) -> subprocess.Popen:
         assert ui_port == port
         answered.append(time.monotonic() + 1.5)
-        return subprocess.Popen([sys.executable, str(script), str(port), "1.5", "6"],
+        return subprocess.Popen([sys.executable, str(script), str(port), "1.5", "120"],
                                 start_new_session=True)
 
     real_echo = demo_run.click.echo

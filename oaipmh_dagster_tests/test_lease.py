@@ -9,6 +9,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 from oaipmh_dagster.demo.dataset import make_dataset
 from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster.harvest import Progress, harvest
-from oaipmh_dagster.lease import holder_id, process_start
+from oaipmh_dagster.lease import Leases, holder_id, process_start
 from oaipmh_dagster.oai import ClientOptions
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.rows import retransform, write_page
@@ -31,6 +32,7 @@ from oaipmh_dagster.store import (
 )
 from oaipmh_dagster_tests.test_store import rec, rows, title_of
 
+WAIT = 60.0  # bounds every wait below: reached only when the lease is broken
 FAST = ClientOptions(max_retries=1, backoff_base=0.01, backoff_max=0.05, read_timeout=5)
 
 
@@ -46,6 +48,18 @@ def _set_state(store: Store, **values: Any) -> None:
 
 def _ago(**delta: float) -> datetime:
     return datetime.now(UTC) - timedelta(**delta)
+
+
+def _until(predicate: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    """Poll `predicate` until it holds; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(0.02)
+
+
+def _logged(caplog: pytest.LogCaptureFixture, text: str) -> Callable[[], bool]:
+    return lambda: any(text in r.getMessage() for r in list(caplog.records))
 
 
 def _heartbeat(store: Store) -> datetime:
@@ -106,10 +120,7 @@ def test_heartbeat_runs_between_pages_and_stops_on_release(database_url: str) ->
     store = Store(heartbeat_every=0.05)
     store.acquire("h", "run1")
     _set_state(store, heartbeat_at=_ago(hours=1))
-    deadline = time.monotonic() + 5
-    while _heartbeat(store) < _ago(minutes=1) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert _heartbeat(store) > _ago(minutes=1)
+    _until(lambda: _heartbeat(store) > _ago(minutes=1), "a heartbeat")
     lease = store.leases.held("h", "run1")
     assert lease is not None and lease.thread is not None and lease.thread.is_alive()
     store.release("h", "run1", succeeded=True)
@@ -184,10 +195,10 @@ def test_second_acquire_waits_for_the_holder(store: Store,
         target=lambda: got.append(Store(store.engine, poll_every=0.05).acquire("h", "run2")))
     with caplog.at_level(logging.INFO, logger="oaipmh_dagster"):
         waiter.start()
-        time.sleep(0.5)
+        _until(_logged(caplog, "waiting for run run1"), "the second acquire to wait")
         assert waiter.is_alive() and store.state("h")["run_id"] == "run1"
         store.release("h", "run1", succeeded=False)
-        waiter.join(10)
+        waiter.join(WAIT)
     assert not waiter.is_alive() and got == [None]
     assert store.state("h")["run_id"] == "run2"
     holder = f"{socket.gethostname()}:"
@@ -195,36 +206,67 @@ def test_second_acquire_waits_for_the_holder(store: Store,
                and "to finish its harvest of h" in r.getMessage() for r in caplog.records)
 
 
-def test_wait_limits(store: Store) -> None:
+def test_wait_limits(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`wait=False` and a limit of 0 never sleep; a limit of 0.4 s gives up once it has
+    waited that long (never before: a deadline cannot fire early)."""
     store.acquire("h", "run1")
-    t0 = time.monotonic()
+    slept: list[float] = []
+    real_sleep = Leases._sleep
+
+    def sleep(seconds: float, cancel: threading.Event | None, harvester_id: str) -> None:
+        slept.append(seconds)
+        real_sleep(seconds, cancel, harvester_id)
+
+    monkeypatch.setattr(Leases, "_sleep", staticmethod(sleep))
     with pytest.raises(HarvestInProgress, match="run1"):
         store.acquire("h", "run2", wait=False)
     with pytest.raises(HarvestInProgress, match="run1"):
         store.acquire("h", "run2", wait_limit=0)
-    assert time.monotonic() - t0 < 2
+    assert slept == []
     t0 = time.monotonic()
     with pytest.raises(HarvestInProgress, match="run1"):
         store.acquire("h", "run2", wait_limit=0.4)
-    assert 0.4 <= time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 >= 0.4 and slept and sum(slept) <= 0.4 + 1e-6
+    slept.clear()
     with pytest.raises(HarvestInProgress, match="run1"):
         Store(store.engine, wait_limit=0).acquire("h", "run2")
+    assert slept == [] and store.state("h")["run_id"] == "run1"
+
+
+# An interrupted wait ends within PROMPTLY seconds; the store polls every POLL_SLOWLY
+# seconds, so a wait that ran until the next poll would fail the bound.
+PROMPTLY = 30.0
+POLL_SLOWLY = 600.0
+
+
+def test_waiting_stops_promptly_when_cancelled(database_url: str,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    store = Store(poll_every=POLL_SLOWLY)
+    store.acquire("h", "run1")
+    cancel = threading.Event()
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            store.acquire("h", "run2", cancel=cancel)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            errors.append(exc)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    with caplog.at_level(logging.INFO, logger="oaipmh_dagster"):
+        waiter.start()
+        _until(_logged(caplog, "waiting for run run1"), "the acquire to wait")
+    t0 = time.monotonic()
+    cancel.set()
+    waiter.join(PROMPTLY)
+    assert not waiter.is_alive(), f"still waiting {PROMPTLY:.0f} s after the cancel"
+    assert time.monotonic() - t0 < PROMPTLY
+    assert [type(e) for e in errors] == [LeaseWaitCancelled]
     assert store.state("h")["run_id"] == "run1"
 
 
-def test_waiting_stops_promptly_when_cancelled(database_url: str) -> None:
-    store = Store(poll_every=30)
-    store.acquire("h", "run1")
-    cancel = threading.Event()
-    threading.Timer(0.3, cancel.set).start()
-    t0 = time.monotonic()
-    with pytest.raises(LeaseWaitCancelled):
-        store.acquire("h", "run2", cancel=cancel)
-    assert time.monotonic() - t0 < 2
-
-
 def test_waiting_stops_promptly_on_keyboard_interrupt(database_url: str) -> None:
-    store = Store(poll_every=30)
+    store = Store(poll_every=POLL_SLOWLY)
     store.acquire("h", "run1")
 
     def interrupt(signum: int, frame: Any) -> None:
@@ -239,11 +281,12 @@ def test_waiting_stops_promptly_on_keyboard_interrupt(database_url: str) -> None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    assert time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 < PROMPTLY
     assert store.state("h")["run_id"] == "run1"
 
 
-def test_second_harvest_waits_and_then_runs(database_url: str) -> None:
+def test_second_harvest_waits_and_then_runs(database_url: str,
+                                           caplog: pytest.LogCaptureFixture) -> None:
     with OAIServer(make_dataset(150, seed=4, deleted_ratio=0.0), page_size=100) as server:
         store = Store(poll_every=0.05)
         store.acquire("h", "holder")
@@ -257,11 +300,12 @@ def test_second_harvest_waits_and_then_runs(database_url: str) -> None:
                 results.append(exc)
 
         second = threading.Thread(target=run)
-        second.start()
-        time.sleep(0.5)
+        with caplog.at_level(logging.INFO, logger="oaipmh_dagster"):
+            second.start()
+            _until(_logged(caplog, "waiting for run holder"), "the second harvest to wait")
         assert second.is_alive() and server.requests == []
         store.release("h", "holder", succeeded=True)
-        second.join(30)
+        second.join(WAIT)
     assert not second.is_alive()
     [stats] = results
     assert not isinstance(stats, Exception), stats

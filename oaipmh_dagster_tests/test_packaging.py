@@ -103,6 +103,34 @@ def test_make_test_checks_the_definitions_with_dg() -> None:
     assert dg_line < pytest_line
 
 
+def _pytest_line(target: str, *args: str) -> str:
+    (line,) = [line for line in _make_dry_run(target, *args).splitlines() if "-m pytest" in line]
+    return line.split("-m pytest", 1)[1]
+
+
+def test_make_check_is_lint_types_and_the_fast_tests() -> None:
+    out = _make_dry_run("check", "JOBS=1")
+    assert "ruff check" in out and "mypy" in out
+    assert _pytest_line("check", "JOBS=1").split() == ["-q", "-m", '"not', "slow", "and",
+                                                       "not", 'browser"']
+
+
+def test_make_test_runs_every_test() -> None:
+    assert _pytest_line("test", "JOBS=1").split() == []
+
+
+def test_slow_marks_folders_modules_and_listed_tests() -> None:
+    from oaipmh_dagster_tests.conftest import SLOW_MODULES, SLOW_TESTS, is_slow
+
+    assert is_slow("e2e/test_dagster_dev.py", "test_anything")
+    assert is_slow("reliability/test_faults.py", "test_anything")
+    assert is_slow("test_since.py", "test_anything")
+    assert is_slow("test_cli.py", "test_invalid_row") and not is_slow("test_cli.py", "test_x")
+    assert not is_slow("test_plan.py", "test_anything")
+    tests = REPO_ROOT / "oaipmh_dagster_tests"
+    assert all((tests / module).is_file() for module in (*SLOW_MODULES, *SLOW_TESTS))
+
+
 def test_dg_check_defs_loads_the_harvesters(tmp_path: Path) -> None:
     """`dg check defs` (as `make test` runs it) finds the project through [tool.dg] and
     loads the code location with its harvesters."""

@@ -9,13 +9,14 @@ both runs end in SUCCESS, and the since sensor then shows the second run's since
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 
 from oaipmh_dagster.dagster_parts.assets import asset_keys
 from oaipmh_dagster.demo.dataset import SECONDS, make_dataset
-from oaipmh_dagster.demo.server import OAIServer, RequestLog
+from oaipmh_dagster.demo.server import OAIServer, Reply, RequestInfo, RequestLog
 from oaipmh_dagster_tests.e2e.conftest import LOCATION, REPOSITORY, DagsterDev, wait_for
 from oaipmh_dagster_tests.e2e.test_dagster_dev import (
     RUN_TIMEOUT,
@@ -36,9 +37,21 @@ HARVESTER = "e2e_twice"
 ASSET_JOB = "__ASSET_JOB"
 RECORDS = 200
 PAGE_SIZE = 25  # 8 pages + Identify: 9 answers
-# Seconds before each answer: a full harvest takes about 18 s, longer than the second
-# run needs to be dequeued, start its process and reach the lease.
-LATENCY = 2.0
+
+
+class HeldServer(OAIServer):
+    """Holds every ListRecords answer until `release` is set (or RUN_TIMEOUT passes): the
+    first harvest keeps the lease, however long the second run takes to start on a loaded
+    machine, until the test has seen the second run wait for it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.release = threading.Event()
+
+    def handle(self, request: RequestInfo) -> Reply:
+        if request.verb == "ListRecords":
+            self.release.wait(RUN_TIMEOUT)
+        return super().handle(request)
 
 # What the UI's LaunchAssetExecutionButton sends (LaunchPipelineExecution mutation).
 LAUNCH_PIPELINE_EXECUTION = """
@@ -108,8 +121,8 @@ def harvest_blocks(server: OAIServer) -> list[list[RequestLog]]:
 
 @pytest.mark.parametrize("storage", ["sqlite"], indirect=True)
 def test_two_materialize_clicks_harvest_one_after_the_other(start_dagster_dev) -> None:  # noqa: ANN001
-    server = OAIServer(make_dataset(RECORDS, seed=7, granularity=SECONDS),
-                       page_size=PAGE_SIZE, latency=LATENCY).start()
+    server = HeldServer(make_dataset(RECORDS, seed=7, granularity=SECONDS),
+                        page_size=PAGE_SIZE).start()
     try:
         add_harvester(HARVESTER, server.base_url)
         dev = start_dagster_dev()
@@ -124,6 +137,10 @@ def test_two_materialize_clicks_harvest_one_after_the_other(start_dagster_dev) -
                  interval=0.2, on_timeout=lambda: run_text(dev, first) + dev.log_tail())
         second = click_materialize(dev, params)
         assert run_status(dev, first)["status"] not in TERMINAL, "the runs must overlap"
+        wait_for("the second run to wait for the first's lease",
+                 lambda: f"waiting for run {first}" in run_text(dev, second), RUN_TIMEOUT,
+                 on_timeout=lambda: run_text(dev, second) + dev.log_tail())
+        server.release.set()
 
         assert_success(dev, first)
         assert_success(dev, second)

@@ -264,7 +264,7 @@ class Rounds:
         SIGKILL while it waits for a delayed page: its lease and checkpoint stay behind."""
         resolved = resolve_since(self.instance, self.row(), since=None, full=False,
                                  raw_key=self.raw_key)
-        fault = self.server.faults.add("delay", verb="ListRecords", seconds=60,
+        fault = self.server.faults.add("delay", verb="ListRecords", seconds=600,
                                        when=from_nth_list_request(plan.nth))
         child = subprocess.Popen(  # $OAIPMH_DATABASE_URL names the same database
             [sys.executable, "-c", CHILD, HID, f"killed-{r}", resolved.value or "",

@@ -53,6 +53,9 @@ def test_sigkill_mid_harvest_then_next_run_completes(database_url: str) -> None:
     expected = expected_snapshot(ds)
     store = Store()  # creates the schema before the child starts
     with OAIServer(ds, page_size=500, latency=0.05) as server:
+        # A backstop, not the kill's moment: page 30 stalls, so however slowly this
+        # process polls on a loaded machine, the child is killed before it could finish.
+        server.faults.add("delay", verb="ListRecords", page=30, seconds=600)
         env = {**os.environ, db.DATABASE_URL_ENV: database_url}
         child = subprocess.Popen([sys.executable, "-c", CHILD, server.base_url, "killed-run"],
                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -74,6 +77,7 @@ def test_sigkill_mid_harvest_then_next_run_completes(database_url: str) -> None:
             child.wait(timeout=30)  # reaped: its pid is gone, so its lease is dead
             child.stdout.close()
         assert child.returncode == -signal.SIGKILL
+        server.faults.clear()
 
         state = store.state("crash")
         assert state["status"] == "running" and state["run_id"] == "killed-run"

@@ -34,18 +34,31 @@ from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.store import Store
 from oaipmh_dagster_tests.helpers import add_harvester, expected_snapshot
 from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
+from oaipmh_dagster_tests.oaiserver import ManualClock
 from oaipmh_dagster_tests.reliability.conftest import FAST, PAGE, RECORDS, assert_consistent
 from oaipmh_dagster_tests.reliability.conftest import harvester as _h
 
 
 class FakeSleep:
-    """Records the waits the client asks for instead of sleeping them."""
+    """Records the waits the client asks for instead of sleeping them, and moves `clock`
+    (the server's outage clock) on by as much: outages last what the waits say, whatever
+    the machine's speed."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: ManualClock | None = None) -> None:
         self.waits: list[float] = []
+        self.clock = clock
 
     def __call__(self, seconds: float) -> None:
         self.waits.append(seconds)
+        if self.clock is not None:
+            self.clock.advance(seconds)
+
+
+def _virtual_time(server: OAIServer) -> FakeSleep:
+    """A FakeSleep whose waits are the only time that passes for the server's outages."""
+    clock = ManualClock()
+    server.outage_clock = clock
+    return FakeSleep(clock)
 
 
 def _run(h: Harvester, store: Store, run_id: str, options: ClientOptions = FAST,
@@ -112,14 +125,19 @@ def test_503_retry_after_seconds(store: Store, server: OAIServer) -> None:
 
 
 def test_429_retry_after_http_date(store: Store, server: OAIServer) -> None:
-    """429 with `Retry-After: <HTTP date 40 s ahead>`: waits about 40 s, then recovers."""
-    when = email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=40), usegmt=True)
+    """429 with `Retry-After: <HTTP date 40 s ahead>`: waits about 40 s, then recovers.
+    The wait is the date less the moment the answer came, however long the run took to
+    get there (the date has whole seconds: up to 1 s less)."""
+    before = time.time()
+    when = email.utils.format_datetime(datetime.fromtimestamp(before, UTC)
+                                       + timedelta(seconds=40), usegmt=True)
     server.faults.add("status", verb="ListRecords", page=2, status=429,
                       headers={"Retry-After": when})
     sleep = FakeSleep()
     stats = _run(_h(server), store, "r1", sleep=sleep)
+    took = time.time() - before
     _recovered(store, _h(server), server, stats)
-    assert len(sleep.waits) == 1 and 35 <= sleep.waits[0] <= 41
+    assert len(sleep.waits) == 1 and 39 - took <= sleep.waits[0] <= 40 + 0.5
 
 
 def test_503_for_ever_fails_after_retries(store: Store, server: OAIServer) -> None:
@@ -145,22 +163,29 @@ def test_connection_reset_mid_body(store: Store, server: OAIServer) -> None:
     assert [r.fault for r in _list_requests(server)].count("reset") == 2
 
 
+# A stalled answer takes STALL seconds (or until the server stops): far beyond the read
+# timeout of 2 s, which an answer that is not stalled (some milliseconds) meets even on a
+# loaded machine.
+STALL = 600
+
+
 def test_read_timeout(store: Store, server: OAIServer) -> None:
-    """The server stalls longer than the read timeout once: retried, recovered."""
-    server.faults.add("delay", verb="ListRecords", page=2, seconds=2.0)
+    """The server stalls longer than the read timeout once: retried, recovered (without
+    waiting for the stalled answer)."""
+    server.faults.add("delay", verb="ListRecords", page=2, seconds=STALL)
     options = ClientOptions(max_retries=2, backoff_base=0.01, backoff_max=0.05,
-                            read_timeout=0.5, connect_timeout=2)
+                            read_timeout=2, connect_timeout=5)
     started = time.monotonic()
     stats = _run(_h(server), store, "r1", options=options)
     _recovered(store, _h(server), server, stats)
-    assert stats.retries == 1 and time.monotonic() - started < 10
+    assert stats.retries == 1 and time.monotonic() - started < STALL / 5
 
 
 def test_read_timeout_for_ever_fails(store: Store, server: OAIServer) -> None:
     """Every answer to page 2 stalls: a OAITransportError saying 'timeout', page 1 kept."""
-    server.faults.add("delay", verb="ListRecords", page=2, seconds=1.0, times=None)
+    server.faults.add("delay", verb="ListRecords", page=2, seconds=STALL, times=None)
     options = ClientOptions(max_retries=1, backoff_base=0.01, backoff_max=0.05,
-                            read_timeout=0.3, connect_timeout=2)
+                            read_timeout=2, connect_timeout=5)
     with pytest.raises(OAITransportError, match="timeout"):
         _run(_h(server), store, "r1", options=options)
     _failed_cleanly(store, _h(server), server, committed=1)
@@ -168,11 +193,13 @@ def test_read_timeout_for_ever_fails(store: Store, server: OAIServer) -> None:
 
 def test_server_down_mid_harvest_comes_back(store: Store, server: OAIServer) -> None:
     """The server drops every connection for 1 s from page 3 on: the retries (backoff)
-    outlast the outage and the harvest recovers."""
+    outlast the outage and the harvest recovers. The back-offs are the only time that
+    passes for the outage (at least 0.05+0.1+0.2 x 5 s in 7 retries of 10)."""
+    sleep = _virtual_time(server)
     server.faults.add("down", verb="ListRecords", page=3, seconds=1.0)
     options = ClientOptions(max_retries=10, backoff_base=0.1, backoff_max=0.4,
-                            read_timeout=5, connect_timeout=2)
-    stats = _run(_h(server), store, "r1", options=options)
+                            read_timeout=5, connect_timeout=5)
+    stats = _run(_h(server), store, "r1", options=options, sleep=sleep)
     _recovered(store, _h(server), server, stats)
     assert stats.retries >= 2
     assert any(r.fault == "down" for r in server.requests)
@@ -181,13 +208,14 @@ def test_server_down_mid_harvest_comes_back(store: Store, server: OAIServer) -> 
 def test_server_down_longer_than_retries_then_back(store: Store, server: OAIServer) -> None:
     """The outage outlasts the retries: the run fails with a OAITransportError after pages
     1-3; once the server is back the next run resumes from page 4 and completes."""
+    sleep = _virtual_time(server)
     server.faults.add("down", verb="ListRecords", page=4, seconds=1.5)
     options = ClientOptions(max_retries=2, backoff_base=0.01, backoff_max=0.02,
-                            read_timeout=5, connect_timeout=2)
+                            read_timeout=5, connect_timeout=5)
     with pytest.raises(OAITransportError, match="gave up after 3 attempts"):
-        _run(_h(server), store, "r1", options=options)
+        _run(_h(server), store, "r1", options=options, sleep=sleep)
     _failed_cleanly(store, _h(server), server, committed=3)
-    time.sleep(1.6)
+    sleep.clock.advance(1.6)  # type: ignore[union-attr]
     stats = _resumes(store, _h(server), server)
     assert stats.pages == RECORDS // PAGE - 3 and stats.new + stats.deleted == RECORDS - 300
 
