@@ -61,12 +61,23 @@ concurrency:
       - key: "oaipmh/host"
         value: {applyLimitPerUniqueValue: true}
         limit: 2
+      - key: "oaipmh/mode"
+        value: "full"
+        limit: 4
   pools:
     default_limit: 2
     granularity: op
 run_monitoring:
   enabled: true
   poll_interval_seconds: 30
+retention:
+  schedule:
+    purge_after_days: 90
+  sensor:
+    purge_after_days:
+      skipped: 2
+      failure: 90
+      success: 90
 telemetry:
   enabled: false
 """
