@@ -96,14 +96,7 @@ class _Worker:
 
     def peak_memory(self) -> int:
         """The most address space the process has had, in bytes (0 where unknown)."""
-        try:
-            with open(f"/proc/{self.proc.pid}/status", "rb") as fh:
-                for line in fh:
-                    if line.startswith(b"VmPeak:"):
-                        return int(line.split()[1]) * 1024
-        except (OSError, ValueError, IndexError):
-            pass
-        return 0
+        return wire.peak_memory(self.proc.pid)
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -260,16 +260,16 @@ class _Child:
     def _failure(self, message: str, memory: bool = False) -> tuple[bytes, bytes]:
         """A failed record's answer: ``X`` (then exit) when it ran out of memory (libxslt
         tells a failed allocation only as a runtime error)."""
-        if memory or _peak_memory() >= 0.8 * self.memory:
+        if memory or peak_memory() >= 0.8 * self.memory:
             return b"X", _error("transform_failed", "XSLT ran over the memory ceiling of "
                                 f"{self.memory / 2**20:g} MiB (xslt.max-memory): {message}")
         return b"E", _error("transform_failed", message)
 
 
-def _peak_memory() -> int:
-    """The most address space this process has had, in bytes (0 where unknown)."""
+def peak_memory(pid: int | str = "self") -> int:
+    """The most address space process `pid` has had, in bytes (0 where unknown)."""
     try:
-        with open("/proc/self/status", "rb") as fh:
+        with open(f"/proc/{pid}/status", "rb") as fh:
             for line in fh:
                 if line.startswith(b"VmPeak:"):
                     return int(line.split()[1]) * 1024
