@@ -20,6 +20,7 @@ import sqlalchemy as sa
 
 from oaipmh_dagster import db
 from oaipmh_dagster.cli_stdout import READER_GONE, guard_closed_stdout, quiet_stdout, reader_gone
+from oaipmh_dagster.formats import schema_prefixes_help, shipped_schemas_help
 from oaipmh_dagster.registry import (
     Harvester,
     HarvesterNotFound,
@@ -233,9 +234,9 @@ def _http_options(f):  # noqa: ANN001, ANN202 - click decorator plumbing
 
 _VALIDATE_HELP = ("Validate each record against an XML Schema; invalid records are kept, "
                   "with an error of type schema. Alone: the schema shipped for the prefix "
-                  "(oai_dc; datacite, oai_datacite, datacite4; marc21, marcxml); with a "
-                  "value: a shipped schema's name (oai_dc, datacite, marc21) or the path of "
-                  "a schema file (its imports and includes must be local files).")
+                  f"({schema_prefixes_help()}); with a value: a shipped schema's name "
+                  f"({shipped_schemas_help()}) or the path of a schema file (its imports "
+                  "and includes must be local files).")
 
 
 def _validate_option(f):  # noqa: ANN001, ANN202 - click decorator plumbing

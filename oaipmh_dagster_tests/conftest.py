@@ -243,6 +243,7 @@ SLOW_TESTS = {
                                "test_shipped_dagster_yaml_concurrency_in_force"),
     "test_export.py": ("test_export_onto_a_full_disk",
                        "test_export_to_stdout_whose_reader_goes_away"),
+    "test_formats.py": ("test_a_new_row_shows_in_the_help",),
     "test_packaging.py": ("test_dg_check_defs_loads_the_harvesters",),
     "test_private.py": ("test_forget_defs_state_storage_lets_a_later_load_succeed",
                         "test_read_sensor_cursor_of_a_started_sensor",
