@@ -162,3 +162,16 @@ def test_a_new_row_shows_in_the_help(tmp_path: Path) -> None:
     assert "marc21, marcxml; fake, oai_fake)" in shown["cli"]
     assert "(oai_dc, datacite, marc21, fake) or the path" in shown["cli"]
     assert "oai_dc, datacite, marc21 or fake for that shipped schema" in shown["manage"]
+
+
+def test_datacite_finds_a_resource_inside_any_wrapper() -> None:
+    """A `<resource>` deeper in another wrapper than oai_datacite's payload is still found
+    (the transformer has always searched at any depth)."""
+    from lxml import etree
+
+    from oaipmh_dagster.transform import datacite
+
+    root = etree.fromstring(
+        b'<wrapper><meta><resource xmlns="http://datacite.org/schema/kernel-4">'
+        b'<identifier identifierType="DOI">10.1/x</identifier></resource></meta></wrapper>')
+    assert datacite.transform(root)["doi"] == "10.1/x"

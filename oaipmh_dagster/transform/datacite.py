@@ -310,10 +310,13 @@ def _schema(ns: str | None) -> _Schema:
 
 
 def find_resource(root: _Element) -> _Element:
-    """The DataCite ``<resource>``: the root itself or the one inside an
-    ``oai_datacite`` wrapper (:func:`oaipmh_dagster.formats.unwrap`)."""
+    """The DataCite ``<resource>``: the root itself, the one inside an ``oai_datacite``
+    wrapper (:func:`oaipmh_dagster.formats.unwrap`), else the first one at any depth of
+    another wrapper."""
     found = unwrap(root)
     if isinstance(found.tag, str) and localname(found.tag) == "resource":
+        return found
+    for found in root.iter("{*}resource"):
         return found
     raise TransformError(
         "unexpected_format",
