@@ -247,7 +247,10 @@ def transformer_version(name: str) -> str:
         return f"{key};{_name_of(fn)};{module_identity(module) if module else ''}"
     if ":" not in key:
         ep = _entry_points().get(key)
-        return f"{key};{ep.value};{module_identity(ep.module)}" if ep else f"{key};unavailable"
+        if ep is None:
+            return f"{key};unavailable"
+        dist = f"{ep.dist.name}=={ep.dist.version}" if ep.dist is not None else ""
+        return f"{key};{ep.value};{dist};{module_identity(ep.module)}"
     module_name = key.partition(":")[0]
     if not _DOTTED.match(key) or not _module_allowed(module_name):
         return f"{key};unavailable"
