@@ -207,7 +207,8 @@ def instance() -> Iterator[Any]:
 SLOW_FOLDERS = ("browser", "e2e", "reliability")
 SLOW_MODULES = (
     "test_alerts.py", "test_cli_list.py", "test_harvest.py", "test_harvest_xslt.py",
-    "test_job.py", "test_manage.py", "test_reconcile.py", "test_short_list.py",
+    "test_job.py", "test_lineage.py", "test_manage.py", "test_reconcile.py",
+    "test_short_list.py",
     "test_since.py", "test_windows.py", "validation/test_schema_check.py",
 )
 SLOW_TESTS = {

@@ -30,6 +30,7 @@ from oaipmh_dagster.oai import hardened_parser
 
 from . import xslt
 from ._util import TransformError, element_path
+from .versions import module_identity
 
 __all__ = [
     "Transformer",
@@ -45,6 +46,7 @@ __all__ = [
     "transform_element",
     "transform_record",
     "transformer_identity",
+    "transformer_version",
 ]
 
 Transformer = Callable[[etree._Element], dict[str, Any]]
@@ -243,6 +245,33 @@ def transformer_identity(name: str) -> str:
     """What a transformer name stands for in records' content hashes: the name itself,
     plus the stylesheet's digest for ``xslt:`` (an edited crosswalk changes it)."""
     return xslt.identity(name) if xslt.is_xslt(name) else name
+
+
+def transformer_version(name: str) -> str:
+    """What the code behind a transformer name is, for the records asset's code version:
+    a built-in's name, `transformer_identity` for ``xslt:`` (the stylesheet's digest),
+    and for a plugin its name, the version of the distribution that installs its module
+    and a digest of the module's source. Never raises and imports no plugin: a name that
+    resolves to nothing is marked ``unavailable``."""
+    key = name.strip()
+    if key in _BUILTINS:
+        return key
+    if xslt.is_xslt(key):
+        return xslt.identity(key)
+    fn = _registry.get(key)
+    if fn is not None:  # registered in this process
+        module = getattr(fn, "__module__", None) or ""
+        return f"{key};{_name_of(fn)};{module_identity(module) if module else ''}"
+    if ":" not in key:
+        ep = _entry_points().get(key)
+        if ep is None:
+            return f"{key};unavailable"
+        dist = f"{ep.dist.name}=={ep.dist.version}" if ep.dist is not None else ""
+        return f"{key};{ep.value};{dist};{module_identity(ep.module)}"
+    module_name = key.partition(":")[0]
+    if not _DOTTED.match(key) or not _module_allowed(module_name):
+        return f"{key};unavailable"
+    return f"{key};{module_identity(module_name)}"
 
 
 def parse_metadata(metadata_xml: bytes | str) -> etree._Element:
