@@ -254,7 +254,7 @@ def transformer_version(name: str) -> str:
     and a digest of the module's source. Never raises and imports no plugin: a name that
     resolves to nothing is marked ``unavailable``."""
     key = name.strip()
-    if key in _BUILTINS:
+    if formats.transformer_ref(key) is not None:
         return key
     if xslt.is_xslt(key):
         return xslt.identity(key)
