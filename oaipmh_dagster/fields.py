@@ -2,8 +2,8 @@
 dataclass made with `tuning(...)` (default, bounds or check, help texts). Validation
 (`registry.validate`), the command line's options (`cli.tuning_options`), the
 `manage_harvesters` config (`manage.options_model`) and the update semantics
-(`admin.tuning_values`) are derived from `declared(Harvester)`; a new field adds its
-declaration, its column of the harvester table and a migration.
+(`admin.tuning_values`) and the field's column of the harvester table are derived from
+`declared(Harvester)`; a new field adds its declaration and a migration.
 
 No import of click, pydantic or Dagster: the registry loads without them."""
 
@@ -16,9 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import sqlalchemy as sa
+
 __all__ = ["Bounds", "HarvesterField", "declared", "tuning"]
 
 _KEY = "oaipmh_dagster.field"
+_SQL_TYPES: dict[type, Any] = {float: sa.Float, int: sa.Integer, str: sa.Text}
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,9 @@ class HarvesterField:
     """One declared field. `help`: the command line's help, where `{default}` stands
     for the default; `launchpad`: the config's description (None: `help` with the
     default as "add: <default>"); `check(value, stored)` raises `InvalidHarvester`;
-    `zero_unsets`: an input of 0 means None (the default); `metavar`: the option's.
+    `zero_unsets`: an input of 0 means None (the default); `metavar`: the option's;
+    `sql`: the column's type (None: Float, Integer or Text after `type`);
+    `server_default`: the column has the default (rows older than the column get it).
     `name`, `type` (without None), `default` and `optional`
     (None allowed) come from the dataclass field."""
 
@@ -63,6 +68,8 @@ class HarvesterField:
     check: Callable[[Any, bool], object] | None = None
     zero_unsets: bool = False
     metavar: str | None = None
+    sql: Any = None
+    server_default: bool = False
     name: str = ""
     type: Any = None
     default: Any = None
@@ -96,6 +103,12 @@ class HarvesterField:
         if self.bounds is None or not self.bounds.whole:
             return None
         return 0 if self.zero_unsets else int(self.bounds.low)
+
+    def column(self) -> sa.Column[Any]:
+        """The field's column of the harvester table."""
+        kind = self.sql if self.sql is not None else _SQL_TYPES[self.type]
+        return sa.Column(self.name, kind, nullable=self.optional,
+                         server_default=str(self.default) if self.server_default else None)
 
     def problem(self, value: Any) -> str | None:
         """Why `value` is out of the field's bounds (None: within, or no bounds)."""

@@ -68,18 +68,10 @@ harvester_table = sa.Table(
     sa.Column("cron", sa.String(255), nullable=True),
     sa.Column("timezone", sa.String(64), nullable=False),
     sa.Column("enabled", sa.Boolean, nullable=False),
-    sa.Column("comment", sa.Text, nullable=False),
-    sa.Column("timeout", sa.Float, nullable=False),
-    sa.Column("delay", sa.Float, nullable=False),
-    sa.Column("max_parallel", sa.Integer, nullable=False),
-    sa.Column("max_retries", sa.Integer, nullable=False),
-    sa.Column("auth_env", sa.String(255), nullable=True),
-    sa.Column("overlap", sa.Integer, nullable=True),
-    sa.Column("reconcile_every", sa.Integer, nullable=True),
     sa.Column("schema", sa.String(2048), nullable=True),
-    sa.Column("max_delete", sa.String(16), nullable=False, server_default=DEFAULT_MAX_DELETE),
     sa.Column("created", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated", sa.DateTime(timezone=True), nullable=False),
+    # and the columns of the tuning fields, from their declaration (after `Harvester`)
 )
 
 # Deployment-wide settings (migration 0007): key -> value.
@@ -161,7 +153,7 @@ class Harvester:
     max_retries: int = tuning(5, bounds=Bounds(0, 50), help="Retries per request ({default}).")
     # A variable of the AUTH_ENV_PREFIX namespace.
     auth_env: str | None = tuning(
-        None, check=lambda value, stored: validate_auth_env(value, stored),
+        None, sql=sa.String(255), check=lambda value, stored: validate_auth_env(value, stored),
         help="Name of the environment variable that holds 'user:password' or 'Bearer "
         "<token>' for this endpoint; it must start with OAIPMH_AUTH_.",
         launchpad="Name of the environment variable that holds 'user:password' or 'Bearer "
@@ -191,7 +183,8 @@ class Harvester:
     # tombstone without the operator's confirmation: a share of the live records ("10%")
     # or a count ("1000"). See `DeleteLimit`.
     max_delete: str = tuning(
-        DEFAULT_MAX_DELETE, check=lambda value, _: DeleteLimit.parse(value), metavar="LIMIT",
+        DEFAULT_MAX_DELETE, sql=sa.String(16), server_default=True, metavar="LIMIT",
+        check=lambda value, _: DeleteLimit.parse(value),
         help="The most records a sweep (a reconcile, or the sweep after a changed URL, "
         "prefix or sets) may tombstone without harvest --allow-mass-delete: a share of the "
         "live records such as {default} (the default) or a count such as 1000.",
@@ -251,6 +244,10 @@ class Harvester:
             raise InvalidHarvester(f"sets must be a list of set specs, not {sets!r}")
         values["sets"] = tuple(sets)
         return cls(**values, stored=True)
+
+
+for _field in declared(Harvester):
+    harvester_table.append_column(_field.column())
 
 
 @dataclass(frozen=True)
