@@ -1,9 +1,9 @@
 """How a harvester's tuning field is declared: once, as a field of the `Harvester`
-dataclass made with `tuning(...)` (default, bounds or check, help texts). Validation
-(`registry.validate`), the command line's options (`cli.tuning_options`), the
-`manage_harvesters` config (`manage.options_model`) and the update semantics
-(`admin.tuning_values`) and the field's column of the harvester table are derived from
-`declared(Harvester)`; a new field adds its declaration and a migration.
+dataclass made with `tuning(...)` (default, bounds or check, help texts). From
+`declared(Harvester)` follow validation (`registry.validate`), the command line's
+options (`cli.tuning_options`), the `manage_harvesters` config (`manage.options_model`),
+the update semantics (`admin.tuning_values`) and the field's column of the harvester
+table: a new field adds its declaration and a migration.
 
 No import of click, pydantic or Dagster: the registry loads without them."""
 
@@ -38,17 +38,20 @@ class Bounds:
 
     def problem(self, name: str, value: Any) -> str | None:
         """Why `value` is out of bounds (None: it is within them)."""
-        interval = f"{'(' if self.low_open else '['}{self.low}, {self.high}]"
         if self.whole:
             if (not isinstance(value, bool) and isinstance(value, int)
                     and self.low <= value <= self.high):
                 return None
-            return f"{name} must be a whole number of {self.unit} in {interval}, not {value!r}"
+            return (f"{name} must be a whole number of {self.unit} in {self._interval()}, "
+                    f"not {value!r}")
         above = self.low < value if self.low_open else self.low <= value
         if above and value <= self.high:
             return None
         unit = f" {self.unit}" if self.unit else ""
-        return f"{name} must be in {interval}{unit}, not {value}"
+        return f"{name} must be in {self._interval()}{unit}, not {value}"
+
+    def _interval(self) -> str:
+        return f"{'(' if self.low_open else '['}{self.low}, {self.high}]"
 
 
 @dataclass(frozen=True)
@@ -59,8 +62,8 @@ class HarvesterField:
     `zero_unsets`: an input of 0 means None (the default); `metavar`: the option's;
     `sql`: the column's type (None: Float, Integer or Text after `type`);
     `server_default`: the column has the default (rows older than the column get it).
-    `name`, `type` (without None), `default` and `optional`
-    (None allowed) come from the dataclass field."""
+    `name`, `type` (without None), `default` and `optional` (None allowed) come from
+    the dataclass field."""
 
     help: str
     launchpad: str | None = None
