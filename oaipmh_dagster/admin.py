@@ -15,8 +15,8 @@ from typing import Any, Protocol
 from oaipmh_dagster.contracts import job_name
 from oaipmh_dagster.errors import OAIPMHDagsterError
 from oaipmh_dagster.fields import declared
+from oaipmh_dagster.formats import reads, schema_for_prefix, shipped_schemas, shipped_schemas_help
 from oaipmh_dagster.registry import (
-    BUILTIN_READS,
     Harvester,
     HarvesterExists,
     HarvesterNotFound,
@@ -136,16 +136,16 @@ def resolve_schema(validate: str, prefix: str) -> str:
     """The schema field for a `--validate` value: "" (or "shipped"): the schema shipped
     for `prefix`; a shipped schema's name; else a schema file's path, made absolute.
     The schema must exist and compile."""
-    from oaipmh_dagster.validation import SHIPPED, SchemaError, check_schema, schema_for_prefix
+    from oaipmh_dagster.validation import SchemaError, check_schema
 
     if validate.strip() in BY_PREFIX:
         schema = schema_for_prefix(prefix)
         if schema is None:
             raise AdminError(
                 f"no schema is shipped for metadataPrefix {prefix!r} (shipped: "
-                f"{', '.join(SHIPPED)}): pass a schema file's path, --validate PATH",
+                f"{shipped_schemas_help()}): pass a schema file's path, --validate PATH",
                 usage=True)
-    elif validate in SHIPPED:
+    elif validate in shipped_schemas():
         schema = validate
     else:
         from pathlib import Path
@@ -166,8 +166,6 @@ def _schema_change(current: Harvester, changes: dict[str, Any], validate: str | 
     """Put the schema an update asks for into `changes`: `validate` resolved, None with
     `no_validate`; a shipped schema follows a changed prefix (refused when none is
     shipped for the new one)."""
-    from oaipmh_dagster.validation import SHIPPED
-
     prefix = changes.get("metadata_prefix", current.metadata_prefix)
     if validate is not None and no_validate:
         raise AdminError("--validate and --no-validate exclude each other", usage=True)
@@ -175,7 +173,7 @@ def _schema_change(current: Harvester, changes: dict[str, Any], validate: str | 
         changes["schema"] = None
     elif validate is not None:
         changes["schema"] = resolve_schema(validate, prefix)
-    elif current.schema in SHIPPED and prefix != current.metadata_prefix:
+    elif current.schema in shipped_schemas() and prefix != current.metadata_prefix:
         changes["schema"] = resolve_schema("", prefix)
 
 
@@ -201,7 +199,7 @@ def transformer_for_prefix(current: Harvester, changes: dict[str, Any]) -> list[
                               f"explicitly (the default for {prefix} is {default})"))
     name = changes.get("transformer", current.transformer)
     if transformer_fits(name, prefix) is False:
-        lines.append(Line(f"transformer {name} reads {BUILTIN_READS[name]} records, not {prefix}: "
+        lines.append(Line(f"transformer {name} reads {reads(name)} records, not {prefix}: "
                           f"its records will fail to transform (--transformer {default} "
                           "sets the default)", note=True))
     return lines

@@ -12,6 +12,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -20,6 +21,7 @@ import sqlalchemy as sa
 from oaipmh_dagster import db
 from oaipmh_dagster.cli_stdout import READER_GONE, guard_closed_stdout, quiet_stdout, reader_gone
 from oaipmh_dagster.fields import declared
+from oaipmh_dagster.formats import schema_prefixes_help, shipped_schemas_help
 from oaipmh_dagster.registry import (
     Harvester,
     HarvesterNotFound,
@@ -227,9 +229,9 @@ def tuning_options(cls: type = Harvester) -> Callable[[Any], Any]:
 
 _VALIDATE_HELP = ("Validate each record against an XML Schema; invalid records are kept, "
                   "with an error of type schema. Alone: the schema shipped for the prefix "
-                  "(oai_dc; datacite, oai_datacite, datacite4; marc21, marcxml); with a "
-                  "value: a shipped schema's name (oai_dc, datacite, marc21) or the path of "
-                  "a schema file (its imports and includes must be local files).")
+                  f"({schema_prefixes_help()}); with a value: a shipped schema's name "
+                  f"({shipped_schemas_help()}) or the path of a schema file (its imports "
+                  "and includes must be local files).")
 
 
 def _validate_option(f):  # noqa: ANN001, ANN202 - click decorator plumbing
@@ -772,8 +774,12 @@ def export(harvester_id: str, fmt: str, output: str) -> None:
               help="Also say on stderr how many registered harvesters each location holds.")
 @click.option("--print-only", is_flag=True,
               help="Print the file only: store nothing (the locations keep the stored K).")
+@click.option("--helm-values", type=click.Path(exists=True, dir_okay=False),
+              help="Print Helm values for Dagster's chart instead: one user deployment per "
+              "location, each a copy of the first deployment in this values file (e.g. "
+              "deploy/k8s/values.yaml).")
 def workspace(shards: int, prefix: str, grpc_port: int | None, grpc_host: str,
-              sizes: bool, print_only: bool) -> None:
+              sizes: bool, print_only: bool, helm_values: str | None) -> None:
     """Print a workspace.yaml whose code locations hold every harvester exactly once,
     and store the number of shards in the registry.
 
@@ -784,15 +790,27 @@ def workspace(shards: int, prefix: str, grpc_port: int | None, grpc_host: str,
     on/off through the registry (stored states it leaves behind are copied into the
     harvester's `enabled`, then deleted). Reload or restart the webserver and the
     daemon with the printed file right after."""
-    from oaipmh_dagster.shards import shard_of, workspace_yaml
+    from oaipmh_dagster.shards import (
+        InvalidShard,
+        helm_user_deployments,
+        shard_of,
+        workspace_yaml,
+    )
 
     if not prefix.replace("_", "a").replace("-", "a").isalnum():
         raise UsageProblem(f"--prefix {prefix!r}: use letters, digits, underscores or "
                            "hyphens (a hyphen makes Kubernetes-style names)")
     if grpc_port is not None and grpc_port + shards - 1 > 65535:
         raise UsageProblem(f"--grpc-port {grpc_port}: {shards} ports from there pass 65535")
-    text = workspace_yaml(shards, prefix, grpc_host=grpc_host if grpc_port else None,
-                          grpc_port=grpc_port)
+    if helm_values is not None:
+        try:
+            text = helm_user_deployments(Path(helm_values).read_text(encoding="utf-8"),
+                                         shards, prefix)
+        except InvalidShard as exc:
+            raise UsageProblem(str(exc)) from None
+    else:
+        text = workspace_yaml(shards, prefix, grpc_host=grpc_host if grpc_port else None,
+                              grpc_port=grpc_port)
     if not print_only:
         _store_shards(shards, prefix)
     click.echo(text, nl=False)

@@ -24,6 +24,7 @@ from oaipmh_dagster.oai import (
     ClientOptions,
     Granularity,
     IdDoesNotExist,
+    Identify,
     OAIClient,
     Page,
     drop_seen,
@@ -370,6 +371,7 @@ def harvest(
     is_stale: Callable[[str | None], bool] | None = None,
     on_page: OnPage | None = None,
     since_after_lease: SinceAfterLease | None = None,
+    on_identify: Callable[[Identify], None] | None = None,
 ) -> HarvestStats:
     """Harvest `h` into `store` as `run` says (the defaults without one) and return the
     statistics; raise on failure.
@@ -380,7 +382,8 @@ def harvest(
     (`covers_selection`). `on_page` is called after each committed page.
     `since_after_lease`, when given, is called once the harvester's lease is held and
     returns (since, full, overlap, source): a run that waited for another harvest of the
-    same harvester starts from the since that harvest left.
+    same harvester starts from the since that harvest left. `on_identify` is called
+    with the server's Identify answer as soon as it arrives (before any list).
 
     When the store holds records of another selection (the URL, prefix or sets changed),
     a since a run recorded is not used (a full harvest), and the first full harvest read
@@ -407,6 +410,8 @@ def harvest(
         run = _full_when_pending(run, h, pending, logger)
         local_start = datetime.now(UTC)  # our clock, before the server's first answer
         ident = client.identify()
+        if on_identify is not None:
+            on_identify(ident)
         plan = _checked(make_plan, h, run, ident, saved, local_start)
         keeps = plan.keeps
         for level, note in plan.notes:

@@ -20,6 +20,13 @@ from oaipmh_dagster import db
 from oaipmh_dagster.contracts import job_name
 from oaipmh_dagster.errors import OAIPMHDagsterError
 from oaipmh_dagster.fields import Bounds, declared, tuning
+from oaipmh_dagster.formats import (
+    FALLBACK,
+    default_transformer,
+    reads,
+    shipped_schemas,
+    shipped_schemas_help,
+)
 
 ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_]{0,47}$")
 # OAI-PMH 2.0 schema: metadataPrefix and setSpec character classes.
@@ -43,18 +50,6 @@ MAX_RECONCILE_EVERY = 10_000
 DEFAULT_MAX_DELETE = "10%"
 _SHARE = re.compile(r"^(?:100|[0-9]{1,2})(?:\.[0-9]{1,2})?%$")
 _COUNT = re.compile(r"^[0-9]{1,9}$")
-
-# The one prefix -> built-in transformer map (a row names its transformer when created).
-DEFAULT_TRANSFORMERS = {
-    "oai_dc": "oai_dc",
-    "datacite": "datacite",
-    "oai_datacite": "datacite",
-    "datacite3": "datacite",
-    "datacite4": "datacite",
-    "marc21": "marc21",
-    "marcxml": "marc21",
-    "marc": "marc21",
-}
 
 harvester_table = sa.Table(
     "oaipmh_harvester",
@@ -100,27 +95,16 @@ class HarvesterExists(RegistryError):
     """A harvester with that id is already registered."""
 
 
-# Built-in transformers made for one kind of record (by their canonical name); `xml`
-# reads any record.
-BUILTIN_READS = {"oai_dc": "oai_dc", "datacite": "datacite", "marc21": "marc21",
-                 "marcxml": "marc21"}
-
-
-def default_transformer(metadata_prefix: str) -> str:
-    """The built-in transformer for a metadata prefix (`xml` when none fits)."""
-    return DEFAULT_TRANSFORMERS.get(metadata_prefix.strip().lower(), "xml")
-
-
 def transformer_fits(transformer: str, metadata_prefix: str) -> bool | None:
     """Whether a transformer reads the records of a metadata prefix: a built-in made for
     one kind of record fits the prefixes whose default it is; `xml` fits any; None for
     the others (a stylesheet or a plugin says nothing about what it reads)."""
-    if transformer == "xml":
+    if transformer == FALLBACK:
         return True
-    reads = BUILTIN_READS.get(transformer)
-    if reads is None:
+    made_for = reads(transformer)
+    if made_for is None:
         return None
-    return reads == default_transformer(metadata_prefix)
+    return made_for == default_transformer(metadata_prefix)
 
 
 def _now() -> datetime:
@@ -176,8 +160,8 @@ class Harvester:
         "server lists (0: never, the default).",
         launchpad="Every Nth scheduled run also reconciles the store (0: never, the "
         "default).")
-    # The XML Schema records are validated against: a shipped one (oai_dc, datacite,
-    # marc21) or the absolute path of a schema file; None: no validation.
+    # The XML Schema records are validated against: a shipped one (see `formats`) or the
+    # absolute path of a schema file; None: no validation.
     schema: str | None = None
     # The most records a sweep (a reconcile, or the sweep after a changed selection) may
     # tombstone without the operator's confirmation: a share of the live records ("10%")
@@ -387,13 +371,11 @@ def validate_timezone(value: str) -> str:
 def validate_schema(value: str | None) -> str | None:
     """Check a schema field: None, a shipped schema's name or an absolute path (whether
     the file exists and compiles is checked when it is set: see `admin`)."""
-    from oaipmh_dagster.validation import SHIPPED
-
-    if value is None or value in SHIPPED:
+    if value is None or value in shipped_schemas():
         return value
     if not isinstance(value, str) or not value.startswith("/") or len(value) > MAX_URL:
         raise InvalidHarvester(
-            f"invalid schema {value!r}: one of {', '.join(SHIPPED)} or the absolute path of "
+            f"invalid schema {value!r}: one of {shipped_schemas_help()} or the absolute path of "
             f"a schema file (at most {MAX_URL} characters)")
     return value
 

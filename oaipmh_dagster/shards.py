@@ -17,14 +17,19 @@ only in their location names. No Dagster import here."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import Any
+
+import yaml
 
 from oaipmh_dagster.errors import OAIPMHDagsterError
 
 __all__ = ["DEFAULT_LOCATION", "MAX_SHARDS", "InvalidShard", "Shard", "ShardCountUnknown",
-           "location_names", "parse_location", "shard_of", "workspace_yaml"]
+           "helm_user_deployments", "location_names", "parse_location", "shard_of",
+           "workspace_yaml"]
 
 DEFAULT_LOCATION = "oaipmh_dagster"
 MAX_SHARDS = 1024
@@ -142,3 +147,50 @@ def workspace_yaml(count: int, prefix: str = DEFAULT_LOCATION,
         lines += ["  - grpc_server:", f"      host: {host}", f"      port: {grpc_port + i}",
                   f"      location_name: {name}"]
     return "\n".join(lines) + "\n"
+
+
+def helm_user_deployments(values: str, count: int, prefix: str) -> str:
+    """A Helm values file for Dagster's chart whose `dagster-user-deployments` hold one
+    deployment per location of `count` shards, each a copy of the first deployment in
+    `values` (image, secrets, env, resources) whose code server is started under the
+    deployment's name, as the chart requires. `InvalidShard` for what cannot work."""
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", prefix):
+        raise InvalidShard(f"--prefix {prefix!r}: a Helm user deployment needs a Kubernetes "
+                           "name (lower-case letters, digits, hyphens), e.g. oaipmh-dagster")
+    template = _first_deployment(values)
+    deployments = []
+    for name in location_names(count, prefix):
+        deployment = copy.deepcopy(template)
+        deployment["name"] = name
+        args = list(deployment["codeServerArgs"])
+        if "--location-name" in args:
+            args[args.index("--location-name") + 1] = name
+        else:
+            args += ["--location-name", name]
+        deployment["codeServerArgs"] = args
+        deployments.append(deployment)
+    header = (f"# {count} user deployment(s) of oaipmh-dagster for Dagster's Helm chart, one "
+              "per code location\n# (written by `oaipmh-dagster workspace --helm-values`): "
+              "pass after the main values file.\n")
+    body = {"dagster-user-deployments": {"enabled": True, "deployments": deployments}}
+    return header + yaml.safe_dump(body, sort_keys=False, width=88)
+
+
+def _first_deployment(values: str) -> dict[str, Any]:
+    """The first user deployment of a Helm values file, checked for a code server."""
+    try:
+        data = yaml.safe_load(values)
+    except yaml.YAMLError as exc:
+        raise InvalidShard(f"the Helm values are not a YAML file: {exc}".splitlines()[0]) \
+            from None
+    users = data.get("dagster-user-deployments") if isinstance(data, dict) else None
+    deployments = users.get("deployments") if isinstance(users, dict) else None
+    if not deployments or not isinstance(deployments[0], dict):
+        raise InvalidShard("the Helm values hold no user deployment to copy "
+                           "(dagster-user-deployments.deployments)")
+    first = deployments[0]
+    args = first.get("codeServerArgs")
+    if not isinstance(args, list) or "-m" not in args:
+        raise InvalidShard("the first user deployment has no codeServerArgs with "
+                           "`-m oaipmh_dagster.definitions`")
+    return first

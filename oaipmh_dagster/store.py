@@ -300,6 +300,17 @@ class Store:
 
     # -- reads ----------------------------------------------------------------------
 
+    def table_name(self) -> str:
+        """The record table's name as its database knows it: `<database>.<schema>.
+        oaipmh_record` on PostgreSQL (the connection's current schema), `oaipmh_record`
+        on SQLite."""
+        if not self._postgres:
+            return record_table.name
+        with self.engine.connect() as conn:
+            database, schema = conn.execute(
+                sa.text("SELECT current_database(), current_schema()")).one()
+        return f"{database}.{schema}.{record_table.name}"
+
     def count(self, harvester_id: str, *, live_only: bool = True) -> int:
         """Number of records (live ones by default) of a harvester."""
         q = sa.select(sa.func.count()).select_from(record_table).where(

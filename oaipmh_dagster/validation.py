@@ -1,11 +1,11 @@
 """XML Schema validation of harvested metadata.
 
-The package ships schemas for oai_dc, DataCite kernel-4 and MARC21 slim (in
+The package ships the schemas its format table names (`formats.FORMATS`, files in
 `oaipmh_dagster/schemas/`); a harvester may name one of them or a schema file of its
 own. Schemas are loaded from local files only: every xs:import and xs:include must
 name a local file, and the parser never touches the network. A `Validator` checks one
-record's metadata element (the `<resource>` inside an oai_datacite wrapper) and returns
-its violations in the store's error form, type `schema`."""
+record's own element (the `<resource>` inside an oai_datacite wrapper: `formats.unwrap`)
+and returns its violations in the store's error form, type `schema`."""
 
 from __future__ import annotations
 
@@ -20,44 +20,27 @@ from urllib.parse import urlsplit
 from lxml import etree
 
 from oaipmh_dagster.errors import OAIPMHDagsterError
+from oaipmh_dagster.formats import schema_for_prefix, shipped_schemas, unwrap
 
-__all__ = ["MAX_VIOLATIONS", "PREFIX_SCHEMAS", "SCHEMA_DIR", "SHIPPED", "SchemaError",
+__all__ = ["MAX_VIOLATIONS", "SCHEMA_DIR", "SHIPPED", "SchemaError",
            "Validator", "check_schema", "load_schema", "schema_for_prefix", "schema_path"]
 
 SCHEMA_DIR = Path(__file__).with_name("schemas")
-# Shipped schema name -> its file in SCHEMA_DIR.
-SHIPPED = {
-    "oai_dc": "oai_dc.xsd",
-    "datacite": "datacite-kernel-4.xsd",
-    "marc21": "marc21-slim.xsd",
-}
-# metadataPrefix (compared in lower case) -> shipped schema name.
-PREFIX_SCHEMAS = {
-    "oai_dc": "oai_dc",
-    "datacite": "datacite",
-    "oai_datacite": "datacite",
-    "datacite4": "datacite",
-    "marc21": "marc21",
-    "marcxml": "marc21",
-}
+# Shipped schema name -> its file in SCHEMA_DIR (the table in `formats`).
+SHIPPED = shipped_schemas()
 MAX_VIOLATIONS = 3  # violations named in a record's error
 _XS = "{http://www.w3.org/2001/XMLSchema}"
-_OAI_DATACITE = "oai_datacite"  # the wrapper: <oai_datacite><payload><resource>
 
 
 class SchemaError(OAIPMHDagsterError, ValueError):
     """A schema cannot be found, read or compiled."""
 
 
-def schema_for_prefix(prefix: str) -> str | None:
-    """The shipped schema for a metadata prefix, None when none is shipped."""
-    return PREFIX_SCHEMAS.get(prefix.strip().lower())
-
-
 def schema_path(schema: str) -> Path:
     """The file of a harvester's schema: a shipped name, else a path."""
-    if schema in SHIPPED:
-        return SCHEMA_DIR / SHIPPED[schema]
+    shipped = shipped_schemas()
+    if schema in shipped:
+        return SCHEMA_DIR / shipped[schema]
     return Path(schema)
 
 
@@ -124,18 +107,6 @@ def check_schema(schema: str) -> None:
     load_schema(schema)
 
 
-def _validated_element(element: Any) -> Any:
-    """The element a record is validated as: its metadata element, or the DataCite
-    `<resource>` inside an oai_datacite wrapper."""
-    if etree.QName(element).localname == _OAI_DATACITE:
-        for child in element:
-            if isinstance(child.tag, str) and etree.QName(child).localname == "payload":
-                inner = [c for c in child if isinstance(c.tag, str)]
-                if inner:
-                    return inner[0]
-    return element
-
-
 def _error(message: str, violations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     error: dict[str, Any] = {"type": "schema", "message": message, "location": "metadata"}
     if violations:
@@ -181,7 +152,7 @@ class Validator:
                 element = etree.fromstring(raw.encode("utf-8"), _parser())
             except etree.XMLSyntaxError as exc:
                 return [_error(f"not well-formed XML: {exc}")]
-        element = _validated_element(element)
+        element = unwrap(element)
         namespace = etree.QName(element).namespace
         if namespace != self.namespace:
             return [_error(

@@ -207,7 +207,8 @@ def instance() -> Iterator[Any]:
 SLOW_FOLDERS = ("browser", "e2e", "reliability")
 SLOW_MODULES = (
     "test_alerts.py", "test_cli_list.py", "test_harvest.py", "test_harvest_xslt.py",
-    "test_job.py", "test_manage.py", "test_reconcile.py", "test_short_list.py",
+    "test_job.py", "test_lineage.py", "test_manage.py", "test_reconcile.py",
+    "test_short_list.py",
     "test_since.py", "test_windows.py", "validation/test_schema_check.py",
 )
 SLOW_TESTS = {
@@ -243,6 +244,7 @@ SLOW_TESTS = {
                                "test_shipped_dagster_yaml_concurrency_in_force"),
     "test_export.py": ("test_export_onto_a_full_disk",
                        "test_export_to_stdout_whose_reader_goes_away"),
+    "test_formats.py": ("test_a_new_row_shows_in_the_help",),
     "test_packaging.py": ("test_dg_check_defs_loads_the_harvesters",),
     "test_private.py": ("test_forget_defs_state_storage_lets_a_later_load_succeed",
                         "test_read_sensor_cursor_of_a_started_sensor",

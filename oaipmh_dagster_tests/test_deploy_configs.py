@@ -24,6 +24,7 @@ from dagster._core.instance.config import dagster_instance_config
 from dagster._serdes.config_class import class_from_code_pointer
 from dagster._utils import convert_dagster_submodule_name
 
+from oaipmh_dagster.shards import location_names
 from oaipmh_dagster_tests.conftest import PG_URL, REPO_ROOT, drop_database, require_postgres
 
 DEPLOY = REPO_ROOT / "deploy"
@@ -437,17 +438,43 @@ def test_helm_values_run_the_code_location() -> None:
     values = _values()
     users = values["dagster-user-deployments"]
     assert users["enabled"] is True
-    (deployment,) = users["deployments"]
-    name = deployment["name"]
-    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name)  # a Kubernetes name
-    args = deployment["codeServerArgs"]
-    assert args[args.index("-m") + 1] == "oaipmh_dagster.definitions"
-    # The chart names the location after the deployment: the server must use that name.
-    assert args[args.index("--location-name") + 1] == name
-    assert {"name": "oaipmh-database"} in deployment["envSecrets"]
+    deployments = users["deployments"]
+    # K shards as user deployments, named as `workspace --shards K --prefix
+    # oaipmh-dagster` names the locations (the K the comments describe).
+    assert [d["name"] for d in deployments] == location_names(len(deployments),
+                                                              "oaipmh-dagster")
+    assert len(deployments) > 1
+    for deployment in deployments:
+        name = deployment["name"]
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name)  # a Kubernetes name
+        args = deployment["codeServerArgs"]
+        assert args[args.index("-m") + 1] == "oaipmh_dagster.definitions"
+        # The chart names the location after the deployment: the server must use that name.
+        assert args[args.index("--location-name") + 1] == name
+        assert {"name": "oaipmh-database"} in deployment["envSecrets"]
+        assert deployment["includeConfigInLaunchedRuns"] == {"enabled": True}
     launcher = values["runLauncher"]
     assert launcher["type"] == "K8sRunLauncher"
     assert {"name": "oaipmh-database"} in launcher["config"]["k8sRunLauncher"]["envSecrets"]
+
+
+def test_helm_values_point_runs_at_the_webserver_service() -> None:
+    """`manage_harvesters` runs and CLI commands in the pods reload through the webserver's
+    Service, which the chart names `<release>-webserver` on its service port (80)."""
+    text = (DEPLOY / "k8s" / "values.yaml").read_text(encoding="utf-8")
+    release = re.search(r"helm upgrade --install (\S+) dagster/dagster", text)
+    assert release is not None
+    port = _values().get("dagsterWebserver", {}).get("service", {}).get("port", 80)
+    for deployment in _values()["dagster-user-deployments"]["deployments"]:
+        env = {e["name"]: e.get("value") for e in deployment["env"]}
+        assert env["OAIPMH_DAGSTER_WEBSERVER"] == f"http://{release[1]}-webserver:{port}"
+
+
+def test_helm_values_say_how_to_create_the_database_secret() -> None:
+    text = (DEPLOY / "k8s" / "values.yaml").read_text(encoding="utf-8")
+    assert "kubectl create secret generic oaipmh-database" in text
+    assert "--from-literal=OAIPMH_DATABASE_URL=" in text
+    assert "one location holding every harvester" not in text  # sharded since #24
 
 
 def test_helm_values_keep_the_instance_settings() -> None:
@@ -468,6 +495,15 @@ def test_helm_values_keep_the_instance_settings() -> None:
     coordinator = values["dagsterDaemon"]["runCoordinator"]
     assert coordinator["type"] == "QueuedRunCoordinator"
     assert "config" not in coordinator  # limits only under `concurrency`
+    daemon = values["dagsterDaemon"]
+    for part in ("schedules", "sensors"):
+        assert daemon[part] == {"useThreads": instance[part]["use_threads"],
+                                "numWorkers": instance[part]["num_workers"]}
+    monitoring = instance["run_monitoring"]
+    assert daemon["runMonitoring"] == {
+        "enabled": True, "startTimeoutSeconds": monitoring["start_timeout_seconds"],
+        "pollIntervalSeconds": monitoring["poll_interval_seconds"]}
+    assert values["telemetry"] == {"enabled": instance["telemetry"]["enabled"]}
     retries = values["dagsterDaemon"]["runRetries"]
     assert retries == {"enabled": True,
                        "maxRetries": instance["run_retries"]["max_retries"]}

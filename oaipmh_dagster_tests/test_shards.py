@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -21,6 +22,7 @@ from oaipmh_dagster.shards import (
     InvalidShard,
     Shard,
     ShardCountUnknown,
+    location_names,
     parse_location,
     shard_of,
     workspace_yaml,
@@ -405,3 +407,54 @@ def test_a_location_reads_the_stored_count_and_names_of_earlier_versions_still_l
         assert _harvester_jobs(defs()) == set()
     with _code_location("oaipmh_dagster_shard_2_of_3"):  # a name of an earlier version
         assert _harvester_jobs(defs()) == {_job(h) for h in ids if shard_of(h, 3) == 2}
+
+
+# -- the Helm chart's user deployments ------------------------------------------------------
+
+def test_helm_values_give_one_user_deployment_per_shard(run, sqlite_url: str,  # noqa: ANN001
+                                                        tmp_path: Path) -> None:
+    """`workspace --helm-values FILE` turns FILE's first user deployment into one per shard,
+    each code server started under its own location name (which the chart requires to be
+    the deployment's name), the rest (image, secrets, env) kept."""
+    shipped = Path(__file__).resolve().parents[1] / "deploy" / "k8s" / "values.yaml"
+    result = run("workspace", "--shards", "3", "--prefix", "oaipmh-dagster",
+                 "--helm-values", str(shipped))
+    assert result.code == 0, result.err
+    deployments = yaml.safe_load(result.out)["dagster-user-deployments"]["deployments"]
+    names = [d["name"] for d in deployments]
+    assert names == location_names(3, "oaipmh-dagster")
+    template = yaml.safe_load(shipped.read_text())["dagster-user-deployments"]["deployments"][0]
+    for deployment in deployments:
+        args = deployment["codeServerArgs"]
+        assert args[args.index("--location-name") + 1] == deployment["name"]
+        assert args[args.index("-m") + 1] == "oaipmh_dagster.definitions"
+        assert deployment["image"] == template["image"]
+        assert deployment["envSecrets"] == template["envSecrets"]
+        assert deployment["env"] == template["env"]
+    from oaipmh_dagster.registry import Registry
+
+    assert Registry().shard_count() == 3  # stored as for the workspace file
+
+
+@pytest.mark.parametrize(("prefix", "body", "message"), [
+    ("oaipmh_dagster", None, "Kubernetes"),
+    ("oaipmh-dagster", "dagster-user-deployments: {deployments: []}\n", "no user deployment"),
+    ("oaipmh-dagster", "[1, 2\n", "not a YAML"),
+    ("oaipmh-dagster", "dagster-user-deployments:\n  deployments:\n    - name: x\n",
+     "codeServerArgs"),
+])
+def test_helm_values_refuse_what_cannot_work(run, sqlite_url: str, tmp_path: Path,  # noqa: ANN001
+                                             prefix: str, body: str | None,
+                                             message: str) -> None:
+    shipped = Path(__file__).resolve().parents[1] / "deploy" / "k8s" / "values.yaml"
+    source = shipped
+    if body is not None:
+        source = tmp_path / "values.yaml"
+        source.write_text(body)
+    result = run("workspace", "--shards", "2", "--prefix", prefix,
+                 "--helm-values", str(source))
+    assert result.code == 2 and message in result.error_line, result.err
+    assert result.out == ""
+    from oaipmh_dagster.registry import Registry
+
+    assert Registry().shard_count() is None  # nothing stored

@@ -4,7 +4,7 @@ declared in `checks`; the harvester's own job evaluates them in this op."""
 
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import dagster as dg
@@ -40,9 +40,16 @@ from oaipmh_dagster.dagster_parts.catalog import asset_owners, asset_tags
 from oaipmh_dagster.dagster_parts.checks import as_evaluation, evaluate_checks
 from oaipmh_dagster.dagster_parts.config import HarvestConfig
 from oaipmh_dagster.dagster_parts.freshness import freshness_policy
+from oaipmh_dagster.dagster_parts.lineage import (
+    ROW_COUNT_KEY,
+    observe_source,
+    records_code_version,
+    table_metadata,
+)
 from oaipmh_dagster.dagster_parts.listener import LISTENER_KEY
 from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
 from oaipmh_dagster.dagster_parts.since import ResolvedSince, resolve_since
+from oaipmh_dagster.oai import Identify
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.rows import retransform
 from oaipmh_dagster.store import Store
@@ -88,7 +95,8 @@ def build_harvester_assets(h: Harvester) -> list[dg.AssetsDefinition]:
     source = dg.AssetSpec(
         source_key,
         description=f"OAI-PMH endpoint {h.base_url} (metadataPrefix {h.metadata_prefix}, "
-        f"sets {sets}). Not materialized here: the remote repository.",
+        f"sets {sets}). Not materialized here: the remote repository; each harvest "
+        "observes it from its Identify answer.",
         group_name=group,
         kinds={"oaipmh"}, tags=tags, owners=owners,
         metadata={"url": dg.MetadataValue.url(h.base_url), "metadata_prefix": h.metadata_prefix,
@@ -104,7 +112,7 @@ def build_harvester_assets(h: Harvester) -> list[dg.AssetsDefinition]:
         ),
         dg.AssetSpec(
             records_key, deps=[raw_key], group_name=group, kinds={"oaipmh", "json"},
-            tags=tags, owners=owners,
+            tags=tags, owners=owners, code_version=records_code_version(h.transformer),
             description=f"Records of {h.name} transformed by '{h.transformer}' into JSON "
             "(re-materializing only this asset re-transforms the stored raw XML).",
             # The column schema rides on each materialization, not on the spec: on the
@@ -165,7 +173,7 @@ def run_harvest(
     tag_run(context, h)
     held = None
     store = Store(oaipmh_db.engine())
-    _, raw_key, records_key = asset_keys(h.id)
+    source_key, raw_key, records_key = asset_keys(h.id)
     selected = context.selected_asset_keys
     if raw_key in selected:
         reconcile = wants_reconcile(context.instance, context.dagster_run, h, config.reconcile)
@@ -204,18 +212,23 @@ def run_harvest(
         run = harvest_mod.RunOptions(until=config.until, oai_ids=config.oai_ids,
                                      sets=config.sets, resume=config.resume, reconcile=reconcile,
                                      allow_mass_delete=config.allow_mass_delete)
-        try:
-            stats = harvest_mod.harvest(
-                h, store, run, run_id=run_id, logger=context.log, is_stale=is_stale,
-                on_page=listener.on_page, since_after_lease=since_after_lease,
-            )
-        except harvest_mod.MassDeleteHeldBack as exc:
-            stats = exc.stats  # reported like any harvest, then the run fails
+
+        def harvest_once(on_identify: Callable[[Identify], None]) -> harvest_mod.HarvestStats:
+            try:
+                return harvest_mod.harvest(
+                    h, store, run, run_id=run_id, logger=context.log, is_stale=is_stale,
+                    on_page=listener.on_page, since_after_lease=since_after_lease,
+                    on_identify=on_identify,
+                )
+            except harvest_mod.MassDeleteHeldBack as exc:
+                return exc.stats  # reported like any harvest, then the run fails
+
+        stats = yield from observe_source(source_key, harvest_once)
         if listener.on_finish is not None:
             listener.on_finish(stats)
         held = stats.held_back
         resolved = resolved_box[0]
-        meta = raw_metadata(stats, resolved)
+        meta = {**raw_metadata(stats, resolved), **table_metadata(store, h.id)}
         note = meta.get(SINCE_NOTE_KEY)
         if note:
             context.log.warning(str(note))
@@ -393,7 +406,7 @@ def records_metadata(store: Store, h: Harvester, counts: dict, *, run_id: str,
             "coverage_run": run_id,
         }
     return {
-        "dagster/row_count": totals["live"],
+        **table_metadata(store, h.id, live=totals["live"]),
         "dagster/column_schema": RECORD_COLUMNS,
         "deleted_in_store": totals["deleted"],
         "transformed": counts["new"] + counts["updated"],
@@ -419,7 +432,7 @@ def _carried_coverage(previous: Mapping[str, Any] | None, live: int) -> dict | N
     """The coverage entries of `previous` when they describe `live` records."""
     if previous is None or any(k not in previous for k in _COVERAGE_KEYS):
         return None
-    row_count = previous.get("dagster/row_count")
+    row_count = previous.get(ROW_COUNT_KEY)
     if getattr(row_count, "value", row_count) != live:
         return None
     return {k: previous[k] for k in _COVERAGE_KEYS}

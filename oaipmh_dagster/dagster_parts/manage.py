@@ -23,6 +23,7 @@ from oaipmh_dagster.admin import (
 from oaipmh_dagster.contracts import ASSET_PREFIX
 from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
 from oaipmh_dagster.fields import declared
+from oaipmh_dagster.formats import shipped_schemas_help
 from oaipmh_dagster.registry import Harvester, InvalidRow, Registry
 from oaipmh_dagster.shards import (
     DEFAULT_LOCATION,
@@ -83,7 +84,7 @@ class _Options(options_model()):  # type: ignore[misc]
     validate_schema: str | None = Field(
         default=None, description="Validate each record against an XML Schema (invalid "
         "records are kept, with a schema error): 'shipped' for the schema shipped for the "
-        "prefix, oai_dc, datacite or marc21 for that shipped schema, else the path of a "
+        f"prefix, {shipped_schemas_help('or')} for that shipped schema, else the path of a "
         "schema file.")
     no_check: bool = Field(default=False, description="Do not probe the endpoint "
                            "(Identify, the prefix and the sets it offers).")

@@ -1,7 +1,7 @@
 """Metadata transformers: one record's metadata XML -> a flat, JSON-ready dict.
 
 A transformer is a callable ``(element) -> dict``. It is named by a built-in name
-(``oai_dc``, ``datacite``, ``marc21``/``marcxml``, ``xml``; see
+(a row of the format table, :data:`oaipmh_dagster.formats.FORMATS`; see
 :func:`available_transformers`), by ``xslt:PATH[?name=value&...]`` (an XSLT
 stylesheet, see :mod:`.xslt`), by the name of an entry point of the group
 ``oaipmh_dagster.transformers`` that an installed distribution declares, or by a
@@ -25,10 +25,12 @@ from typing import Any
 
 from lxml import etree
 
+from oaipmh_dagster import formats
 from oaipmh_dagster.oai import hardened_parser
 
-from . import datacite, marc21, oai_dc, xml, xslt
+from . import xslt
 from ._util import TransformError, element_path
+from .versions import module_identity
 
 __all__ = [
     "Transformer",
@@ -44,20 +46,16 @@ __all__ = [
     "transform_element",
     "transform_record",
     "transformer_identity",
+    "transformer_version",
 ]
 
 Transformer = Callable[[etree._Element], dict[str, Any]]
 
-_BUILTINS: dict[str, Transformer] = {
-    "oai_dc": oai_dc.transform,
-    "datacite": datacite.transform,
-    "marc21": marc21.transform,
-    "marcxml": marc21.transform,
-    "xml": xml.transform,
-}
-_registry: dict[str, Transformer] = dict(_BUILTINS)
+# Names registered in this process (they shadow a built-in only with replace=True).
+_registry: dict[str, Transformer] = {}
 _plugins: dict[str, Transformer] = {}
-_BUILTIN_FUNCS = frozenset(_BUILTINS.values())
+# The built-ins loaded so far: trusted to return JSON-ready dicts.
+_BUILTIN_FUNCS: set[Transformer] = set()
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = re.compile(rf"^{_IDENT}(?:\.{_IDENT})*:{_IDENT}(?:\.{_IDENT})*$")
@@ -73,7 +71,28 @@ PLUGIN_MODULES_ENV = "OAIPMH_TRANSFORMER_MODULES"
 def available_transformers() -> list[str]:
     """Names accepted by :func:`get_transformer` besides dotted plugin paths and
     ``xslt:`` specs: the built-ins, registered names and declared entry points."""
-    return sorted(set(_registry) | set(_entry_points()))
+    return sorted(set(formats.transformer_refs()) | set(_registry) | set(_entry_points()))
+
+
+@functools.cache
+def _load_builtin(ref: str) -> Transformer:
+    """The function a format row names (``module:function``), imported on first use."""
+    module_name, _, attr = ref.partition(":")
+    fn: Transformer = getattr(importlib.import_module(module_name), attr)
+    _BUILTIN_FUNCS.add(fn)
+    return fn
+
+
+for _ref in dict.fromkeys(formats.transformer_refs().values()):
+    _load_builtin(_ref)  # built-ins load with the package: trusted from the first record
+
+
+def _builtin(name: str) -> Transformer | None:
+    """A registered name's transformer, else the built-in of the format table."""
+    fn = _registry.get(name)
+    if fn is None and (ref := formats.transformer_ref(name)) is not None:
+        fn = _load_builtin(ref)
+    return fn
 
 
 @functools.cache
@@ -116,7 +135,7 @@ def register_transformer(name: str, fn: Transformer, *, replace: bool = False) -
         raise ValueError(f"transformer name {name!r} must match [a-z0-9][a-z0-9_]*")
     if not callable(fn):
         raise TypeError(f"transformer {name!r} is not callable")
-    if name in _registry and not replace:
+    if (name in _registry or formats.transformer_ref(name)) and not replace:
         raise ValueError(f"transformer {name!r} is already registered")
     _registry[name] = fn
 
@@ -189,7 +208,7 @@ def get_transformer(name: str) -> Transformer:
             "unknown_transformer", f"transformer name must be a string, got {name!r}"
         )
     key = name.strip()
-    fn = _registry.get(key)
+    fn = _builtin(key)
     if fn is not None:
         return fn
     if xslt.is_xslt(key):
@@ -226,6 +245,33 @@ def transformer_identity(name: str) -> str:
     """What a transformer name stands for in records' content hashes: the name itself,
     plus the stylesheet's digest for ``xslt:`` (an edited crosswalk changes it)."""
     return xslt.identity(name) if xslt.is_xslt(name) else name
+
+
+def transformer_version(name: str) -> str:
+    """What the code behind a transformer name is, for the records asset's code version:
+    a built-in's name, `transformer_identity` for ``xslt:`` (the stylesheet's digest),
+    and for a plugin its name, the version of the distribution that installs its module
+    and a digest of the module's source. Never raises and imports no plugin: a name that
+    resolves to nothing is marked ``unavailable``."""
+    key = name.strip()
+    if key in _BUILTINS:
+        return key
+    if xslt.is_xslt(key):
+        return xslt.identity(key)
+    fn = _registry.get(key)
+    if fn is not None:  # registered in this process
+        module = getattr(fn, "__module__", None) or ""
+        return f"{key};{_name_of(fn)};{module_identity(module) if module else ''}"
+    if ":" not in key:
+        ep = _entry_points().get(key)
+        if ep is None:
+            return f"{key};unavailable"
+        dist = f"{ep.dist.name}=={ep.dist.version}" if ep.dist is not None else ""
+        return f"{key};{ep.value};{dist};{module_identity(ep.module)}"
+    module_name = key.partition(":")[0]
+    if not _DOTTED.match(key) or not _module_allowed(module_name):
+        return f"{key};unavailable"
+    return f"{key};{module_identity(module_name)}"
 
 
 def parse_metadata(metadata_xml: bytes | str) -> etree._Element:

@@ -3,7 +3,8 @@
 Namespace-agnostic: kernel-2.x, kernel-3, kernel-4 and un-namespaced resources all
 map the same way (tag names are precomputed once per namespace, so no per-record
 XPath or name splitting). The ``oai_datacite`` wrapper
-(``<oai_datacite><payload><resource>``, as Zenodo serves it) is unwrapped.
+(``<oai_datacite><payload><resource>``, as Zenodo serves it) is unwrapped by the
+format table's rule (:func:`oaipmh_dagster.formats.unwrap`), the one validation uses.
 
 Every key is always present, so the schema is stable: lists are ``[]`` and scalars
 ``None`` when the record lacks them. Text is stripped; blank values become ``None``
@@ -18,6 +19,8 @@ from typing import Any
 
 from lxml import etree
 
+from oaipmh_dagster.formats import unwrap
+
 from ._util import (
     TransformError,
     attr,
@@ -29,7 +32,6 @@ from ._util import (
 )
 
 _XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
-_ANY_RESOURCE = "{*}resource"
 
 _Element = etree._Element
 _Out = dict[str, Any]
@@ -308,10 +310,13 @@ def _schema(ns: str | None) -> _Schema:
 
 
 def find_resource(root: _Element) -> _Element:
-    """The DataCite ``<resource>``: the root itself or the one inside a wrapper."""
-    if isinstance(root.tag, str) and localname(root.tag) == "resource":
-        return root
-    for found in root.iter(_ANY_RESOURCE):
+    """The DataCite ``<resource>``: the root itself, the one inside an ``oai_datacite``
+    wrapper (:func:`oaipmh_dagster.formats.unwrap`), else the first one at any depth of
+    another wrapper."""
+    found = unwrap(root)
+    if isinstance(found.tag, str) and localname(found.tag) == "resource":
+        return found
+    for found in root.iter("{*}resource"):
         return found
     raise TransformError(
         "unexpected_format",

@@ -26,6 +26,7 @@ from oaipmh_dagster.transform import (
     available_transformers,
     get_transformer,
     transform_record,
+    transformer_version,
 )
 from oaipmh_dagster_tests.conftest import Result
 from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
@@ -199,6 +200,19 @@ def test_an_entry_point_is_a_transformer_name(entry_point: str,
     assert get_transformer(entry_point) is title_only
     assert transform_record(entry_point, DC) == {"title": "A title"}
     _refusal(f"{HERE}:title_only")  # the entry point allows its name, not the module
+
+
+def test_an_entry_points_version_names_its_distribution(
+        entry_point: str, tmp_path: Path) -> None:
+    """The records asset's code version follows the release that declares the name."""
+    first = transformer_version(entry_point)
+    assert "oaipmh-test-plugins==0.1" in first and f"{HERE}:title_only" in first
+    assert transformer_version(entry_point) == first
+    metadata = tmp_path / "site" / "oaipmh_test_plugins-0.1.dist-info" / "METADATA"
+    metadata.write_text(metadata.read_text().replace("Version: 0.1", "Version: 0.2"))
+    transform.forget_plugins()
+    assert "oaipmh-test-plugins==0.2" in transformer_version(entry_point)
+    assert transformer_version("no_such_entry_point").endswith("unavailable")
 
 
 def test_builtins_and_xslt_need_no_listing(monkeypatch: pytest.MonkeyPatch,
