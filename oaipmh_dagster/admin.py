@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from oaipmh_dagster.contracts import job_name
 from oaipmh_dagster.errors import OAIPMHDagsterError
+from oaipmh_dagster.fields import declared
 from oaipmh_dagster.formats import reads, schema_for_prefix, shipped_schemas, shipped_schemas_help
 from oaipmh_dagster.registry import (
     Harvester,
@@ -31,11 +32,11 @@ from oaipmh_dagster.registry import (
 from oaipmh_dagster.words import count
 
 __all__ = ["HTTP_FIELDS", "AdminError", "Change", "InstanceSide", "Line", "add_harvester",
-           "remove_harvester", "resolve_schema", "transformer_for_prefix", "update_harvester"]
+           "remove_harvester", "resolve_schema", "transformer_for_prefix", "tuning_values",
+           "update_harvester"]
 
-# Optional row fields the command line calls its HTTP options (None: the row's default).
-HTTP_FIELDS = ("timeout", "delay", "max_parallel", "max_retries", "auth_env", "overlap",
-               "comment", "reconcile_every", "max_delete")
+# The tuning fields declared on the row (see `fields`), optional on add and update.
+HTTP_FIELDS = tuple(f.name for f in declared(Harvester))
 # A registry, or how to open one (an add opens it only once its input is valid).
 Registries = Registry | Callable[[], Registry]
 # Fields whose change makes the remembered since and harvest state meaningless.
@@ -83,6 +84,16 @@ class Change:
     def say(self, text: str, note: bool = False) -> None:
         """Add a line."""
         self.lines.append(Line(text, note))
+
+
+def tuning_values(given: dict[str, Any], cls: type = Harvester) -> dict[str, Any]:
+    """The values an add or an update sets: those `given` but None (left out: the row's
+    default, or unchanged), with 0 for a field declared `zero_unsets` as None."""
+    values = {k: v for k, v in given.items() if v is not None}
+    for f in declared(cls):
+        if f.zero_unsets and values.get(f.name) == 0:
+            values[f.name] = None
+    return values
 
 
 def _open(registry: Registries) -> Registry:
@@ -277,13 +288,11 @@ def add_harvester(
     validate: str | None = None, **http: Any,
 ) -> Change:
     """Register a harvester (the endpoint probed unless not `check`); `http`: the
-    `HTTP_FIELDS` (None or a `reconcile_every` of 0: the default). `validate`: see
+    `HTTP_FIELDS` (see `tuning_values`). `validate`: see
     `resolve_schema` (None: no validation)."""
     if not url or not prefix:
         raise AdminError("adding a harvester needs a url and a prefix", usage=True)
-    http = {k: v for k, v in http.items() if v is not None}
-    if http.get("reconcile_every") == 0:
-        del http["reconcile_every"]
+    http = tuning_values(http)
     transformer = _absolute_transformer(transformer)
     try:
         validate_id(harvester_id)
@@ -346,7 +355,7 @@ def update_harvester(
     **fields: Any,
 ) -> Change:
     """Change fields of a harvester: `fields` are timezone, enabled, name, transformer
-    and the `HTTP_FIELDS` (None: unchanged; a `reconcile_every` of 0: back to never).
+    and the `HTTP_FIELDS` (see `tuning_values`; None: unchanged).
     `validate` sets the schema (see `resolve_schema`), `no_validate` turns it off.
     A changed URL, prefix or set is probed unless not `check`; a changed selection
     forgets the harvest state (the next harvest is a full one)."""
@@ -355,13 +364,11 @@ def update_harvester(
         current = registry.get(harvester_id)
     except (HarvesterNotFound, InvalidHarvester) as exc:
         raise AdminError(str(exc)) from exc
-    changes = {k: v for k, v in fields.items() if v is not None}
+    changes = tuning_values(fields)
     if "transformer" in changes:
         changes["transformer"] = _absolute_transformer(changes["transformer"])
     if cron is not None:
         changes["cron"] = cron
-    if changes.get("reconcile_every") == 0:
-        changes["reconcile_every"] = None
     _selection_change(changes, url, prefix, sets, all_sets)
     if no_cron:
         if changes.get("cron"):

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 
 from oaipmh_dagster import db
 from oaipmh_dagster.cli_stdout import READER_GONE, guard_closed_stdout, quiet_stdout, reader_gone
+from oaipmh_dagster.fields import declared
 from oaipmh_dagster.formats import schema_prefixes_help, shipped_schemas_help
 from oaipmh_dagster.registry import (
     Harvester,
@@ -207,29 +208,23 @@ def harvester() -> None:
     """Add, list, show, update and remove harvesters."""
 
 
-def _http_options(f):  # noqa: ANN001, ANN202 - click decorator plumbing
-    for opt in reversed([
-        click.option("--timeout", type=float, help="Read timeout per request, seconds (60)."),
-        click.option("--delay", type=float, help="Minimum seconds between requests (0)."),
-        click.option("--max-parallel", type=int, help="Parallel requests to the host (1)."),
-        click.option("--max-retries", type=int, help="Retries per request (5)."),
-        click.option("--auth-env", help="Name of the environment variable that holds "
-                     "'user:password' or 'Bearer <token>' for this endpoint; it must "
-                     "start with OAIPMH_AUTH_."),
-        click.option("--overlap", type=click.IntRange(min=0), help="Seconds to ask before "
-                     "the remembered since (default: one day at day granularity, "
-                     "5 minutes at seconds granularity)."),
-        click.option("--comment", help="Free text."),
-        click.option("--reconcile-every", type=click.IntRange(min=0), metavar="N",
-                     help="Every Nth scheduled run also reconciles the store with the "
-                     "identifiers the server lists (0: never, the default)."),
-        click.option("--max-delete", metavar="LIMIT", help="The most records a sweep (a "
-                     "reconcile, or the sweep after a changed URL, prefix or sets) may "
-                     "tombstone without harvest --allow-mass-delete: a share of the live "
-                     "records such as 10% (the default) or a count such as 1000."),
-    ]):
-        f = opt(f)
-    return f
+def tuning_options(cls: type = Harvester) -> Callable[[Any], Any]:
+    """A decorator adding one option per tuning field declared on `cls` (see `fields`),
+    in their order; an option left out gives None."""
+    options = []
+    for f in declared(cls):
+        kind: Any = None if f.type is str else f.type
+        if f.input_minimum is not None:
+            kind = click.IntRange(min=f.input_minimum)
+        options.append(click.option(f.flag, f.name, type=kind, metavar=f.metavar,
+                                    help=f.cli_help))
+
+    def decorate(command: Any) -> Any:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
 
 
 _VALIDATE_HELP = ("Validate each record against an XML Schema; invalid records are kept, "
@@ -259,7 +254,7 @@ def _validate_option(f):  # noqa: ANN001, ANN202 - click decorator plumbing
               "$OAIPMH_TRANSFORMER_MODULES (default by prefix).")
 @click.option("--no-check", is_flag=True, help="Do not probe the endpoint.")
 @_validate_option
-@_http_options
+@tuning_options()
 def harvester_add(harvester_id: str, url: str, prefix: str, sets: tuple[str, ...],
                   cron: str | None, timezone: str, enabled: bool, name: str | None,
                   transformer: str | None, no_check: bool, validate: str | None,
@@ -290,7 +285,7 @@ def harvester_add(harvester_id: str, url: str, prefix: str, sets: tuple[str, ...
 @_validate_option
 @click.option("--no-validate", is_flag=True, help="Stop validating records (their schema "
               "errors go at the next full harvest).")
-@_http_options
+@tuning_options()
 def harvester_update(harvester_id: str, sets: tuple[str, ...], all_sets: bool, no_cron: bool,
                      no_check: bool, url: str | None, prefix: str | None, **fields: Any) -> None:
     """Change fields of a harvester."""

@@ -19,6 +19,7 @@ from sqlalchemy.engine import Engine
 from oaipmh_dagster import db
 from oaipmh_dagster.contracts import job_name
 from oaipmh_dagster.errors import OAIPMHDagsterError
+from oaipmh_dagster.fields import Bounds, declared, tuning
 from oaipmh_dagster.formats import (
     FALLBACK,
     default_transformer,
@@ -62,18 +63,10 @@ harvester_table = sa.Table(
     sa.Column("cron", sa.String(255), nullable=True),
     sa.Column("timezone", sa.String(64), nullable=False),
     sa.Column("enabled", sa.Boolean, nullable=False),
-    sa.Column("comment", sa.Text, nullable=False),
-    sa.Column("timeout", sa.Float, nullable=False),
-    sa.Column("delay", sa.Float, nullable=False),
-    sa.Column("max_parallel", sa.Integer, nullable=False),
-    sa.Column("max_retries", sa.Integer, nullable=False),
-    sa.Column("auth_env", sa.String(255), nullable=True),
-    sa.Column("overlap", sa.Integer, nullable=True),
-    sa.Column("reconcile_every", sa.Integer, nullable=True),
     sa.Column("schema", sa.String(2048), nullable=True),
-    sa.Column("max_delete", sa.String(16), nullable=False, server_default=DEFAULT_MAX_DELETE),
     sa.Column("created", sa.DateTime(timezone=True), nullable=False),
     sa.Column("updated", sa.DateTime(timezone=True), nullable=False),
+    # and the columns of the tuning fields, from their declaration (after `Harvester`)
 )
 
 # Deployment-wide settings (migration 0007): key -> value.
@@ -131,26 +124,57 @@ class Harvester:
     cron: str | None = None
     timezone: str = "UTC"
     enabled: bool = True
-    comment: str = ""
-    timeout: float = 60.0
-    delay: float = 0.0
-    max_parallel: int = 1
-    max_retries: int = 5
-    auth_env: str | None = None  # a variable of the AUTH_ENV_PREFIX namespace
+    # The tuning fields: each is declared once, here (see `fields`); the command line's
+    # options, the manage_harvesters config, validation and updates follow.
+    comment: str = tuning("", help="Free text.")
+    timeout: float = tuning(
+        60.0, bounds=Bounds(0, 3600, low_open=True, unit="seconds"),
+        help="Read timeout per request, seconds ({default}).")
+    delay: float = tuning(0.0, bounds=Bounds(0, 600, unit="seconds"),
+                          help="Minimum seconds between requests ({default}).")
+    max_parallel: int = tuning(1, bounds=Bounds(1, 32),
+                               help="Parallel requests to the host ({default}).")
+    max_retries: int = tuning(5, bounds=Bounds(0, 50), help="Retries per request ({default}).")
+    # A variable of the AUTH_ENV_PREFIX namespace.
+    auth_env: str | None = tuning(
+        None, sql=sa.String(255), check=lambda value, stored: validate_auth_env(value, stored),
+        help="Name of the environment variable that holds 'user:password' or 'Bearer "
+        "<token>' for this endpoint; it must start with OAIPMH_AUTH_.",
+        launchpad="Name of the environment variable that holds 'user:password' or 'Bearer "
+        "<token>'; it must start with OAIPMH_AUTH_.")
     # Seconds to ask before since (None: one granule at day granularity, OVERLAP_SECONDS
     # at seconds granularity), so records whose datestamps trail the server's clock are
     # still asked for.
-    overlap: int | None = None
+    overlap: int | None = tuning(
+        None, bounds=Bounds(0, MAX_OVERLAP, unit="seconds", whole=True),
+        help="Seconds to ask before the remembered since (default: one day at day "
+        "granularity, 5 minutes at seconds granularity).",
+        launchpad="Seconds to ask before the remembered since (add: one day at day "
+        "granularity, 5 minutes at seconds granularity).")
     # Every Nth scheduled run also reconciles (lists every identifier and repairs the
     # store); None: only runs that ask for it.
-    reconcile_every: int | None = None
+    reconcile_every: int | None = tuning(
+        None, bounds=Bounds(1, MAX_RECONCILE_EVERY, unit="scheduled runs", whole=True),
+        zero_unsets=True, metavar="N",
+        help="Every Nth scheduled run also reconciles the store with the identifiers the "
+        "server lists (0: never, the default).",
+        launchpad="Every Nth scheduled run also reconciles the store (0: never, the "
+        "default).")
     # The XML Schema records are validated against: a shipped one (see `formats`) or the
     # absolute path of a schema file; None: no validation.
     schema: str | None = None
     # The most records a sweep (a reconcile, or the sweep after a changed selection) may
     # tombstone without the operator's confirmation: a share of the live records ("10%")
     # or a count ("1000"). See `DeleteLimit`.
-    max_delete: str = DEFAULT_MAX_DELETE
+    max_delete: str = tuning(
+        DEFAULT_MAX_DELETE, sql=sa.String(16), server_default=True, metavar="LIMIT",
+        check=lambda value, _: DeleteLimit.parse(value),
+        help="The most records a sweep (a reconcile, or the sweep after a changed URL, "
+        "prefix or sets) may tombstone without harvest --allow-mass-delete: a share of the "
+        "live records such as {default} (the default) or a count such as 1000.",
+        launchpad="The most records a sweep (a reconcile, or the sweep after a changed URL, "
+        "prefix or sets) may tombstone without allow_mass_delete: a share of the live "
+        "records such as {default} (add: {default}) or a count such as 1000.")
     created: datetime | None = field(default=None, compare=False)
     updated: datetime | None = field(default=None, compare=False)
     # Read back from storage: an auth_env outside the namespace (a row written before the
@@ -204,6 +228,10 @@ class Harvester:
             raise InvalidHarvester(f"sets must be a list of set specs, not {sets!r}")
         values["sets"] = tuple(sets)
         return cls(**values, stored=True)
+
+
+for _field in declared(Harvester):
+    harvester_table.append_column(_field.column())
 
 
 @dataclass(frozen=True)
@@ -402,32 +430,14 @@ def validate(h: Harvester, stored: bool = False) -> None:
         )
     validate_cron(h.cron)
     validate_timezone(h.timezone)
-    if not 0 < h.timeout <= 3600:
-        raise InvalidHarvester(f"timeout must be in (0, 3600] seconds, not {h.timeout}")
-    if not 0 <= h.delay <= 600:
-        raise InvalidHarvester(f"delay must be in [0, 600] seconds, not {h.delay}")
-    if not 1 <= h.max_parallel <= 32:
-        raise InvalidHarvester(f"max_parallel must be in [1, 32], not {h.max_parallel}")
-    if not 0 <= h.max_retries <= 50:
-        raise InvalidHarvester(f"max_retries must be in [0, 50], not {h.max_retries}")
-    validate_auth_env(h.auth_env, stored)
-    if h.overlap is not None and (
-        isinstance(h.overlap, bool) or not isinstance(h.overlap, int)
-        or not 0 <= h.overlap <= MAX_OVERLAP
-    ):
-        raise InvalidHarvester(
-            f"overlap must be a whole number of seconds in [0, {MAX_OVERLAP}], not {h.overlap!r}"
-        )
-    if h.reconcile_every is not None and (
-        isinstance(h.reconcile_every, bool) or not isinstance(h.reconcile_every, int)
-        or not 1 <= h.reconcile_every <= MAX_RECONCILE_EVERY
-    ):
-        raise InvalidHarvester(
-            f"reconcile_every must be a whole number of scheduled runs in "
-            f"[1, {MAX_RECONCILE_EVERY}], not {h.reconcile_every!r}"
-        )
+    for f in declared(type(h)):
+        value = getattr(h, f.name)
+        problem = f.problem(value)
+        if problem is not None:
+            raise InvalidHarvester(problem)
+        if f.check is not None:
+            f.check(value, stored)
     validate_schema(h.schema)
-    DeleteLimit.parse(h.max_delete)
     if len(h.name) > MAX_SHORT:
         raise InvalidHarvester(f"name is longer than {MAX_SHORT} characters")
     if h.cron is not None and len(h.cron) > MAX_SHORT:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, create_model
 
 from oaipmh_dagster.admin import (
     AdminError,
@@ -22,6 +22,7 @@ from oaipmh_dagster.admin import (
 )
 from oaipmh_dagster.contracts import ASSET_PREFIX
 from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
+from oaipmh_dagster.fields import declared
 from oaipmh_dagster.formats import shipped_schemas_help
 from oaipmh_dagster.registry import Harvester, InvalidRow, Registry
 from oaipmh_dagster.shards import (
@@ -46,9 +47,8 @@ ACTIONS = ("add", "update", "remove")
 RUN_TAGS = {"dagster/max_retries": "0"}
 
 
-class _Options(dg.Config):
-    """The options `harvester add` and `harvester update` share (left out: add's default;
-    on update: unchanged)."""
+class _Selection(dg.Config):
+    """The shared options before the tuning fields."""
 
     sets: list[str] = Field(default=[], description="Sets to harvest (add: none = all; "
                             "update: none = unchanged, else they replace the sets).")
@@ -66,28 +66,21 @@ class _Options(dg.Config):
                                     "(group oaipmh_dagster.transformers) or "
                                     "package.module:function with the module listed in "
                                     "$OAIPMH_TRANSFORMER_MODULES (add: by prefix).")
-    timeout: float | None = Field(default=None, description="Read timeout per request, "
-                                  "seconds (add: 60).")
-    delay: float | None = Field(default=None, description="Minimum seconds between requests "
-                                "(add: 0).")
-    max_parallel: int | None = Field(default=None, description="Parallel requests to the "
-                                     "host (add: 1).")
-    max_retries: int | None = Field(default=None, description="Retries per request (add: "
-                                    "5).")
-    auth_env: str | None = Field(default=None, description="Name of the environment "
-                                 "variable that holds 'user:password' or 'Bearer <token>'; "
-                                 "it must start with OAIPMH_AUTH_.")
-    overlap: int | None = Field(default=None, description="Seconds to ask before the "
-                                "remembered since (add: one day at day granularity, 5 "
-                                "minutes at seconds granularity).")
-    comment: str | None = Field(default=None, description="Free text.")
-    reconcile_every: int | None = Field(default=None, description="Every Nth scheduled run "
-                                        "also reconciles the store (0: never, the default).")
-    max_delete: str | None = Field(default=None, description="The most records a sweep (a "
-                                   "reconcile, or the sweep after a changed URL, prefix or "
-                                   "sets) may tombstone without allow_mass_delete: a share "
-                                   "of the live records such as 10% (add: 10%) or a count "
-                                   "such as 1000.")
+
+
+def options_model(cls: type = Harvester) -> type[dg.Config]:
+    """The shared options with one optional field per tuning field declared on `cls`
+    (see `fields`), in their order."""
+    tuning: dict[str, Any] = {
+        f.name: (f.type | None, Field(default=None, description=f.config_help))
+        for f in declared(cls)}
+    return create_model("_Tuning", __base__=_Selection, **tuning)
+
+
+class _Options(options_model()):  # type: ignore[misc]
+    """The options `harvester add` and `harvester update` share (left out: add's default;
+    on update: unchanged)."""
+
     validate_schema: str | None = Field(
         default=None, description="Validate each record against an XML Schema (invalid "
         "records are kept, with a schema error): 'shipped' for the schema shipped for the "
