@@ -120,12 +120,14 @@ def _forget_dagster_state_storage() -> None:
 
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own $DAGSTER_HOME, and no webserver to reload."""
+    """Every test gets its own $DAGSTER_HOME, no webserver to reload, and no op retries."""
     home = tmp_path / "dagster_home"
     home.mkdir()
     _forget_dagster_state_storage()
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     monkeypatch.setenv("OAIPMH_DAGSTER_WEBSERVER", "http://127.0.0.1:9")
+    # Jobs that fail on purpose fail at once; tests of the op's retries set their own.
+    monkeypatch.setenv("OAIPMH_OP_RETRIES", "0")
     return home
 
 

@@ -279,13 +279,20 @@ def test_postgres_config_runs_a_job(fresh_pg: str, tmp_path: Path) -> None:
 # -- retries -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_deploy_config_retries_failed_runs(name: str, tmp_path: Path) -> None:
-    """Production instances retry a failed run (a retry resumes from the checkpoint)."""
-    config = _validate_instance_yaml(DEPLOY / name / "dagster.yaml", tmp_path)
+@pytest.mark.parametrize("name", ["dagster.yaml", *(f"deploy/{c}/dagster.yaml"
+                                                   for c in sorted(CONFIGS))])
+def test_run_retries_cover_infrastructure_failures_only(name: str, tmp_path: Path) -> None:
+    """Every shipped instance relaunches a run whose worker died (the relaunch resumes
+    from the checkpoint), but not a run whose op failed: the harvest op retries transient
+    failures itself, and a protocol error or a held-back sweep must not run again."""
+    config = _validate_instance_yaml(REPO_ROOT / name, tmp_path)
     retries = config["run_retries"]
     assert retries["enabled"] is True and retries["max_retries"] >= 1
-    assert "checkpoint" in (DEPLOY / name / "dagster.yaml").read_text()
+    assert retries["retry_on_asset_or_op_failure"] is False
+    text = (REPO_ROOT / name).read_text()
+    comment = text[:text.index("\nrun_retries:")].rsplit("\n\n", 1)[-1]
+    assert "checkpoint" in comment and "$OAIPMH_OP_RETRIES" in comment
+    assert "an endpoint away for a while) up to twice" not in comment  # the old claim
 
 
 def test_retries_enable_the_daemon_that_launches_them(tmp_path: Path) -> None:
@@ -300,6 +307,7 @@ def test_retries_enable_the_daemon_that_launches_them(tmp_path: Path) -> None:
     try:
         assert instance.run_retries_enabled
         assert instance.run_retries_max_retries == raw["run_retries"]["max_retries"]
+        assert instance.run_retries_retry_on_asset_or_op_failure is False
         assert "EVENT_LOG_CONSUMER" in instance.get_required_daemon_types()
     finally:
         instance.dispose()
@@ -506,7 +514,8 @@ def test_helm_values_keep_the_instance_settings() -> None:
     assert values["telemetry"] == {"enabled": instance["telemetry"]["enabled"]}
     retries = values["dagsterDaemon"]["runRetries"]
     assert retries == {"enabled": True,
-                       "maxRetries": instance["run_retries"]["max_retries"]}
+                       "maxRetries": instance["run_retries"]["max_retries"],
+                       "retryOnAssetOrOpFailure": False}
 
 
 def test_team_server_gives_many_code_servers_time_to_start(tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ from oaipmh_dagster.dagster_parts.lineage import (
 )
 from oaipmh_dagster.dagster_parts.listener import LISTENER_KEY
 from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
+from oaipmh_dagster.dagster_parts.retry import retry_transient
 from oaipmh_dagster.dagster_parts.since import ResolvedSince, resolve_since
 from oaipmh_dagster.oai import Identify
 from oaipmh_dagster.registry import Harvester
@@ -149,8 +150,9 @@ def _harvest_op() -> dg.OpDefinition:
     )
     def harvest(context: dg.AssetExecutionContext) -> Any:
         config = HarvestConfig(**context.op_config)
-        yield from run_harvest(context, config, context.resources.oaipmh_db,
-                               _harvester_id(context.assets_def.keys))
+        with retry_transient(context):
+            yield from run_harvest(context, config, context.resources.oaipmh_db,
+                                   _harvester_id(context.assets_def.keys))
 
     return harvest
 
@@ -210,7 +212,9 @@ def run_harvest(
 
         listener: harvest_mod.Listener = getattr(context.resources, LISTENER_KEY)
         run = harvest_mod.RunOptions(until=config.until, oai_ids=config.oai_ids,
-                                     sets=config.sets, resume=config.resume, reconcile=reconcile,
+                                     sets=config.sets, reconcile=reconcile,
+                                     # a retry continues this run's own checkpoint
+                                     resume=config.resume or context.retry_number > 0,
                                      allow_mass_delete=config.allow_mass_delete)
 
         def harvest_once(on_identify: Callable[[Identify], None]) -> harvest_mod.HarvestStats:

@@ -70,6 +70,10 @@ concurrency:
 run_monitoring:
   enabled: true
   poll_interval_seconds: 30
+run_retries:
+  enabled: true
+  max_retries: 2
+  retry_on_asset_or_op_failure: false
 retention:
   schedule:
     purge_after_days: 90

@@ -403,6 +403,7 @@ class Transport:
                         f"{last_error.message}; gave up after {attempts} attempts",
                         url=shown,
                         token=token,
+                        retryable=True,  # later, the page may come back whole
                     )
                 raise OAITransportError(
                     f"{reason}; gave up after {attempts} attempts", url=shown, token=token

@@ -127,6 +127,7 @@ class DagsterDev:
         env.update(DAGSTER_HOME=str(self.storage.home),
                    OAIPMH_DATABASE_URL=self.storage.database_url,
                    OAIPMH_DAGSTER_WEBSERVER=self.url,
+                   OAIPMH_OP_RETRIES="0",  # a run failed on purpose fails at once
                    PYTHONUNBUFFERED="1")
         return env
 
