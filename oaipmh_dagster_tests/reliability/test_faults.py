@@ -232,10 +232,12 @@ def test_truncated_xml_mid_page(store: Store, server: OAIServer) -> None:
 
 
 def test_truncated_xml_for_ever_fails(store: Store, server: OAIServer) -> None:
-    """Page 3 is always truncated: OAIDataError 'not well-formed', pages 1-2 kept."""
+    """Page 3 is always truncated: OAIDataError 'not well-formed', pages 1-2 kept; still
+    `retryable` (the harvest op tries again later, in the same run)."""
     server.faults.add("truncate", verb="ListRecords", page=3, fraction=0.5, times=None)
-    with pytest.raises(OAIDataError, match="not well-formed.*gave up"):
+    with pytest.raises(OAIDataError, match="not well-formed.*gave up") as failed:
         _run(_h(server), store, "r1")
+    assert failed.value.retryable
     _failed_cleanly(store, _h(server), server, committed=2)
     _resumes(store, _h(server), server)
 
