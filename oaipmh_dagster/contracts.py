@@ -71,8 +71,9 @@ HOST_TAG = "oaipmh/host"
 # Set by the op when the run starts: the since it harvests from, and where that came from.
 SINCE_TAG = "oaipmh/since"
 SINCE_SOURCE_TAG = "oaipmh/since_source"
-# Set by the schedule from the since in force at tick time: `full` (none) or
-# `incremental`; the deploy files limit concurrent full harvests on it.
+# Set by the schedule from the since in force at tick time, by the op when it starts
+# on a harvest launched without it: `full` (none, or asked) or `incremental`; the
+# deploy files limit concurrent full harvests on it.
 MODE_TAG = "oaipmh/mode"
 MODE_FULL = "full"
 MODE_INCREMENTAL = "incremental"

@@ -210,8 +210,8 @@ SLOW_FOLDERS = ("browser", "e2e", "reliability")
 SLOW_MODULES = (
     "test_alerts.py", "test_cli_list.py", "test_harvest.py", "test_harvest_xslt.py",
     "test_job.py", "test_lineage.py", "test_manage.py", "test_reconcile.py",
-    "test_short_list.py",
-    "test_since.py", "test_windows.py", "validation/test_schema_check.py",
+    "test_run_mode.py", "test_short_list.py", "test_since.py", "test_windows.py",
+    "validation/test_schema_check.py",
 )
 SLOW_TESTS = {
     "demo/test_invalid.py": ("test_demo_harvest_reports_the_invalid_records",),
@@ -244,6 +244,11 @@ SLOW_TESTS = {
                                "test_retries_enable_the_daemon_that_launches_them",
                                "test_run_launcher_config_matches_its_class",
                                "test_shipped_dagster_yaml_concurrency_in_force"),
+    "test_op_retry.py": ("test_bad_retry_setting_fails_the_run_before_harvesting",
+                         "test_interrupt_is_not_retried", "test_no_retries_by_default_in_tests",
+                         "test_protocol_error_fails_at_once",
+                         "test_retries_stop_after_the_configured_count",
+                         "test_transient_failure_is_retried_from_the_checkpoint"),
     "test_export.py": ("test_export_onto_a_full_disk",
                        "test_export_to_stdout_whose_reader_goes_away"),
     "test_formats.py": ("test_a_new_row_shows_in_the_help",),

@@ -18,6 +18,8 @@ from oaipmh_dagster.contracts import (
     HARVESTER_TAG,
     HOST_TAG,
     LISTS_JUDGED_KEY,
+    MODE_INCREMENTAL,
+    MODE_TAG,
     NEXT_SINCE_KEY,
     RECONCILE_TAG,
     RESPONSE_DATE_KEY,
@@ -49,7 +51,7 @@ from oaipmh_dagster.dagster_parts.lineage import (
 from oaipmh_dagster.dagster_parts.listener import LISTENER_KEY
 from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
 from oaipmh_dagster.dagster_parts.retry import retry_transient
-from oaipmh_dagster.dagster_parts.since import ResolvedSince, resolve_since
+from oaipmh_dagster.dagster_parts.since import ResolvedSince, resolve_since, run_mode
 from oaipmh_dagster.oai import Identify
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.rows import retransform
@@ -172,11 +174,11 @@ def run_harvest(
     """The op body: harvest (raw_records) and/or re-transform (records), then report; a
     sweep held back (see `sweep`) is reported with the rest, then fails the run."""
     h = oaipmh_db.harvester(harvester_id)
-    tag_run(context, h)
-    held = None
-    store = Store(oaipmh_db.engine())
     source_key, raw_key, records_key = asset_keys(h.id)
     selected = context.selected_asset_keys
+    tag_run(context, h, config if raw_key in selected else None)
+    held = None
+    store = Store(oaipmh_db.engine())
     if raw_key in selected:
         reconcile = wants_reconcile(context.instance, context.dagster_run, h, config.reconcile)
         instance, run_id = context.instance, context.run_id
@@ -274,24 +276,41 @@ def log_own_checks(context: dg.AssetExecutionContext, h: Harvester, names: set[s
         context.log_event(as_evaluation(result))
 
 
-def tag_run(context: dg.AssetExecutionContext, h: Harvester) -> None:
+def tag_run(context: dg.AssetExecutionContext, h: Harvester,
+            harvest: HarvestConfig | None = None) -> None:
     """Give a run that materializes this harvester's assets alone its harvester and host
     tags when it was launched without them (the asset graph's Materialize, a backfill:
     Dagster's implicit asset job carries no harvester's tags), so the views and guards
     that find a harvester's runs by tag (the schedule's skip, `harvester list`, the Runs
     page filter, the run queue's limits for runs queued after it) see it once it runs.
-    A run of several harvesters' assets cannot carry one harvester's tags: it is left
-    alone (the op's host pool and the store's lease still hold for it)."""
+    A run that harvests (`harvest`: its config) without an `oaipmh/mode` tag (launched
+    from the Launchpad, the asset graph or `oaipmh-dagster harvest`) gets the one its
+    schedule would give it (`run_mode`). A run of several harvesters' assets cannot carry
+    one harvester's tags: it is left alone (the op's host pool and the store's lease
+    still hold for it)."""
     run = context.dagster_run
     wanted = {HARVESTER_TAG: h.id, HOST_TAG: h.host}
-    if all(run.tags.get(key) == value for key, value in wanted.items()):
+    missing = {key: value for key, value in wanted.items() if run.tags.get(key) != value}
+    wants_mode = harvest is not None and MODE_TAG not in run.tags
+    if not missing and not wants_mode:
         return
-    selection = run.asset_selection  # None: every asset of a job (not one harvester's)
-    if selection is None or {harvester_of(key.path) for key in selection} != {h.id}:
+    if not _of_one_harvester(run, h):
         context.log.info("this run materializes the assets of several harvesters: it "
                          "carries no harvester's tags")
         return
-    context.instance.add_run_tags(run.run_id, wanted)
+    if harvest is not None and wants_mode:
+        missing[MODE_TAG] = (MODE_INCREMENTAL if harvest.oai_ids  # a few records, no list
+                             else run_mode(context.instance, h, asset_keys(h.id)[1],
+                                           since=harvest.since, full=harvest.full))
+    context.instance.add_run_tags(run.run_id, missing)
+
+
+def _of_one_harvester(run: dg.DagsterRun, h: Harvester) -> bool:
+    """Whether `run` materializes only `h`'s assets (its own job, or a selection of them)."""
+    if run.job_name == h.job_name:
+        return True
+    selection = run.asset_selection  # None: every asset of a job (not one harvester's)
+    return selection is not None and {harvester_of(key.path) for key in selection} == {h.id}
 
 
 def wants_reconcile(instance: dg.DagsterInstance, run: dg.DagsterRun, h: Harvester,

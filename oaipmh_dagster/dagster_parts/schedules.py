@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import dagster as dg
 
-from oaipmh_dagster.contracts import HARVESTER_TAG, MODE_FULL, MODE_INCREMENTAL, MODE_TAG
+from oaipmh_dagster.contracts import HARVESTER_TAG, MODE_TAG
 from oaipmh_dagster.dagster_parts.assets import asset_keys
 from oaipmh_dagster.dagster_parts.jobs import run_tags
-from oaipmh_dagster.dagster_parts.since import resolve_since
+from oaipmh_dagster.dagster_parts.since import run_mode
 from oaipmh_dagster.registry import Harvester
 
 # A harvester without cron still gets a (stopped) schedule; started, it ticks once a
@@ -34,13 +34,6 @@ def active_run(instance: dg.DagsterInstance, harvester_id: str) -> str | None:
     return records[0].dagster_run.run_id if records else None
 
 
-def run_mode(instance: dg.DagsterInstance, h: Harvester) -> str:
-    """`full` when no since is in force for the harvester's selection, else
-    `incremental` (what a run started now would do without run config)."""
-    resolved = resolve_since(instance, h, since=None, full=False, raw_key=asset_keys(h.id)[1])
-    return MODE_INCREMENTAL if resolved.value else MODE_FULL
-
-
 def build_schedule(h: Harvester, job: dg.JobDefinition) -> dg.ScheduleDefinition:
     """The schedule `harvest_oaipmh_records_<id>` (RUNNING by default when enabled)."""
 
@@ -54,7 +47,7 @@ def build_schedule(h: Harvester, job: dg.JobDefinition) -> dg.ScheduleDefinition
         scheduled = context.scheduled_execution_time
         return dg.RunRequest(
             run_key=scheduled.isoformat() if scheduled else None,
-            tags={**run_tags(h), MODE_TAG: run_mode(context.instance, h)},
+            tags={**run_tags(h), MODE_TAG: run_mode(context.instance, h, asset_keys(h.id)[1])},
         )
 
     return dg.ScheduleDefinition(

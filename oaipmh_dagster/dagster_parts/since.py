@@ -21,6 +21,8 @@ import dagster as dg
 from oaipmh_dagster import incremental
 from oaipmh_dagster.contracts import (
     ADVANCES_SINCE_KEY,
+    MODE_FULL,
+    MODE_INCREMENTAL,
     NEXT_SINCE_KEY,
     OPERATOR_KEY,
     RESPONSE_DATE_KEY,
@@ -35,7 +37,8 @@ from oaipmh_dagster.oai import parse_user_datetime
 from oaipmh_dagster.registry import Harvester
 
 __all__ = ["SENSOR_NAME", "ResolvedSince", "current_state", "current_states", "parse_cursor",
-           "published_state", "read_sensor_cursor", "resolve_since", "run_since", "set_since",
+           "published_state", "read_sensor_cursor", "resolve_since", "run_mode", "run_since",
+           "set_since",
            "since_observation", "since_report"]
 
 # How many newer materializations a resolution looks at past the last published since.
@@ -218,6 +221,16 @@ def resolve_since(
     if note:
         return ResolvedSince(None, "scope_changed", note=note)
     return ResolvedSince(None, "none")
+
+
+def run_mode(instance: dg.DagsterInstance, h: Harvester, raw_key: dg.AssetKey, *,
+             since: str | None = None, full: bool = False) -> str:
+    """The `oaipmh/mode` tag of a harvest asked with `since` and `full` (run config):
+    `full` when it is asked or no since is in force for the harvester's selection, else
+    `incremental`. The schedule tags its runs with it at tick time, the op (for runs
+    launched without it) when it starts."""
+    resolved = resolve_since(instance, h, since=since, full=full, raw_key=raw_key)
+    return MODE_INCREMENTAL if resolved.value else MODE_FULL
 
 
 def since_observation(
