@@ -55,6 +55,8 @@ class Sizes:
     per_shard: int = 200  # K = ceil(N / per_shard) code locations
     shard_scheduler: bool = True  # measure the scheduler daemon's iterations too
     shard_baseline: int = 1000  # N of the one-location (K=1) comparison
+    dev_sizes: tuple[int, ...] = (3000,)  # case 11 (+ 10,000 with --shards-10k)
+    dev_shards: dict[int, int] = field(default_factory=lambda: {3000: 12})  # else N / per_shard
     aggregator_records: int = 20_000
     aggregator_repeats: int = 3
 
@@ -63,7 +65,7 @@ class Sizes:
         return cls(fetch_records=2_000, fetch_repeats=1, e2e_records=2_000,
                    latency_records=2_000, memory_records=(2_000, 20_000),
                    definitions=(20, 50), reloads=(50,), reload_repeats=1,
-                   shard_sizes=(100,), per_shard=50, shard_baseline=100,
+                   shard_sizes=(100,), per_shard=50, shard_baseline=100, dev_sizes=(100,),
                    cli_records=2_000, cli_repeats=1, aggregator_records=2_000,
                    aggregator_repeats=1)
 
@@ -538,6 +540,13 @@ def case_sensor_footprint(b: Bench) -> None:
     run(b)
 
 
+def case_dev_add(b: Bench) -> None:
+    """Case 11 (benchmarks/dev_add.py, which imports this module)."""
+    from benchmarks.dev_add import case_dev_add as run
+
+    run(b)
+
+
 CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
     "1": ("fetch + parse throughput vs Sickle and oaipmh-scythe", case_fetch),
     "2": ("end-to-end harvest throughput (SQLite, PostgreSQL, job)", case_e2e),
@@ -551,6 +560,8 @@ CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
           case_profiles),
     "10": ("since sensor footprint: tick rows a day at 200 and 10,000 harvesters",
            case_sensor_footprint),
+    "11": ("add-to-visible under dagster dev (webserver, daemon, code servers)",
+           case_dev_add),
 }
 
 

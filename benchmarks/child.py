@@ -335,12 +335,16 @@ def sickle_harvest(args: dict[str, Any]) -> dict[str, Any]:
 # -- definitions ---------------------------------------------------------------------------
 
 
-def harvesters(n: int, url: str = "http://127.0.0.1:9/oai") -> list[Any]:
+def harvesters(n: int, url: str = "http://127.0.0.1:9/oai",
+               hour: int | None = None) -> list[Any]:
+    """N harvesters with daily crons spread over the day, or all in `hour` (a bench that
+    runs a scheduler daemon keeps every tick out of its measurement)."""
     from oaipmh_dagster.registry import Harvester
 
     sets = ("publications", "datasets", "theses")
     return [Harvester(id=f"bench_{i:04d}", base_url=f"{url}{i % 37}", metadata_prefix="oai_dc",
-                      sets=sets[: i % 3], cron=f"{i % 60} {i % 24} * * *")
+                      sets=sets[: i % 3],
+                      cron=f"{i % 60} {i % 24 if hour is None else hour} * * *")
             for i in range(n)]
 
 
@@ -372,7 +376,7 @@ def registry(args: dict[str, Any]) -> dict[str, Any]:
     from oaipmh_dagster.registry import harvester_table
 
     engine = db.get_engine(args["db"])
-    rows = harvesters(int(args["n"]))
+    rows = harvesters(int(args["n"]), hour=args.get("hour"))
     from oaipmh_dagster.registry import Registry
 
     t0 = time.perf_counter()

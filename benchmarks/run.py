@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                         "OAIPMH_BENCH_10K=1)")
     parser.add_argument("--shard-sizes", help="case 6 at these harvester counts instead "
                         "(comma-separated, e.g. 3000,10000)")
+    parser.add_argument("--dev-sizes", help="case 11 at these harvester counts instead "
+                        "(comma-separated; K: 12 at 3,000, else N / per-shard)")
     parser.add_argument("--per-shard", type=int, help="case 6: harvesters per location "
                         "(K = ceil(N / per-shard))")
     parser.add_argument("--no-scheduler", action="store_true",
@@ -84,8 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     sizes = Sizes.quick() if args.quick else Sizes()
     if args.shards_10k or os.environ.get("OAIPMH_BENCH_10K") == "1":
         sizes.shard_sizes = (*sizes.shard_sizes, 10_000)
+        sizes.dev_sizes = (*sizes.dev_sizes, 10_000)
     if args.shard_sizes:
         sizes.shard_sizes = tuple(int(x) for x in args.shard_sizes.split(","))
+    if args.dev_sizes:
+        sizes.dev_sizes = tuple(int(x) for x in args.dev_sizes.split(","))
     if args.per_shard:
         sizes.per_shard = args.per_shard
     if args.no_scheduler:
