@@ -36,7 +36,8 @@ from benchmarks.shards import (
 
 TARGET = 10.0
 NEW_IDS = ("bench_dev_new_a", "bench_dev_new_b", "bench_dev_new_c")
-QUIET_CORES = 0.35  # the group's CPU rate (cores) under which the deployment is settled
+STEADY = 0.25  # settled: the group's CPU rate within 25% of the window before
+GAP = 20.0  # seconds between two adds (the reload's aftermath done)
 PARTS = ("cli_start", "registry_write", "reload_request", "location_load", "listing")
 HOME_EXTRA = """
 code_servers:
@@ -85,18 +86,26 @@ def _cpu_delta(before: dict[int, tuple[str, float]],
     return {r: round(v, 2) for r, v in sorted(roles.items())}
 
 
+def _window(leader: int, seconds: float) -> dict[str, float]:
+    before = _group(leader)
+    time.sleep(seconds)
+    return _cpu_delta(before, _group(leader))
+
+
 def _settle(leader: int, window: float, limit: float) -> dict[str, Any]:
-    """Wait (at most `limit` s) until the group's CPU over `window` s is under
-    QUIET_CORES; the last window's rate and CPU per role."""
+    """Wait (at most `limit` s) until the group's CPU rate over `window` s stays within
+    STEADY of the window before (the daemon's first iterations done); the last window's
+    rate (cores) and CPU seconds per role."""
     t0 = time.monotonic()
+    last = None
     while True:
-        before = _group(leader)
-        time.sleep(window)
-        roles = _cpu_delta(before, _group(leader))
+        roles = _window(leader, window)
         rate = sum(roles.values()) / window
-        if rate < QUIET_CORES or time.monotonic() - t0 > limit:
+        steady = last is not None and abs(rate - last) <= STEADY * max(last, 0.1)
+        if steady or time.monotonic() - t0 > limit:
             return {"seconds": time.monotonic() - t0, "cores": rate, "roles": roles,
-                    "window": window, "settled": rate < QUIET_CORES}
+                    "window": window, "settled": steady}
+        last = rate
 
 
 def _daemon_healthy(url: str, deadline: float) -> list[str]:
@@ -211,12 +220,13 @@ def _dev(b: Bench, n: int, k: int) -> dict[str, Any]:
         _wait_all_loaded(url, proc, k, t0 + 3600)
         out: dict[str, Any] = {"n": n, "k": k, "startup_seconds": time.monotonic() - t0}
         out["daemons"] = _daemon_healthy(url, time.monotonic() + 1800)
-        out["settle"] = _settle(proc.pid, 30.0, 1800)
+        # 60 s windows: the daemon refreshes every location's snapshot once a minute.
+        out["settle"] = _settle(proc.pid, 60.0, 900)
         out["load"] = os.getloadavg()
         adds = []
         for i, new_id in enumerate(NEW_IDS):
             if i:
-                _settle(proc.pid, 5.0, 120)
+                time.sleep(GAP)
             b.echo(f"  11 N={n:,} K={k}: add {new_id} ...")
             adds.append(_add(b, url, env, proc.pid, new_id, k, f"{n}-{k}-{i}"))
         out["adds"] = adds
