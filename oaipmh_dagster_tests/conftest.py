@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 import uuid
@@ -118,12 +119,47 @@ def _forget_dagster_state_storage() -> None:
     forget_defs_state_storage()
 
 
+_TEMPLATE: list[Path] = []
+
+
+def _empty_storage_template(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """The SQLite run, event-log and schedule storage of an empty default Dagster home,
+    created once per process (None until a test has imported Dagster). Creating them
+    (schema, Alembic stamps) costs 0.3-0.5 s of CPU and many fsyncs a test; a copy of
+    these few files is what Dagster then opens as it would its own."""
+    if "dagster" not in sys.modules:
+        return None
+    if not _TEMPLATE:
+        import dagster as dg
+
+        template = tmp_path_factory.mktemp("empty_dagster_storage")
+        instance = dg.DagsterInstance.from_config(str(template))
+        try:
+            instance.get_runs(limit=1)
+            instance.get_latest_materialization_event(dg.AssetKey("template"))
+            instance.all_instigator_state()
+        finally:
+            instance.dispose()
+        _TEMPLATE.append(template)
+    return _TEMPLATE[0]
+
+
+def empty_dagster_home(home: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`home` (created), holding the empty storage of a default instance when Dagster is
+    already imported; a Dagster instance on it behaves as one on a new directory."""
+    home.mkdir(parents=True, exist_ok=True)
+    template = _empty_storage_template(tmp_path_factory)
+    if template is not None:
+        shutil.copytree(template, home, dirs_exist_ok=True)
+    return home
+
+
 @pytest.fixture(autouse=True)
-def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def _isolated_home(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+                   monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test gets its own $DAGSTER_HOME, no webserver to reload, and no op retries."""
-    home = tmp_path / "dagster_home"
-    home.mkdir()
     _forget_dagster_state_storage()
+    home = empty_dagster_home(tmp_path / "dagster_home", tmp_path_factory)
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     monkeypatch.setenv("OAIPMH_DAGSTER_WEBSERVER", "http://127.0.0.1:9")
     # Jobs that fail on purpose fail at once; tests of the op's retries set their own.
@@ -189,11 +225,12 @@ def closed_port_url() -> str:
 
 
 @pytest.fixture
-def instance() -> Iterator[Any]:
+def instance(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A throwaway Dagster instance (in-process runs, sensor ticks)."""
     import dagster as dg
 
-    with dg.instance_for_test() as inst:
+    home = empty_dagster_home(tmp_path / "test_instance", tmp_path_factory)
+    with dg.instance_for_test(temp_dir=str(home)) as inst:
         yield inst
 
 
@@ -202,20 +239,23 @@ def instance() -> Iterator[Any]:
 # Marked `slow` here, in one place (measured with `pytest --durations=0`): the folders that
 # start servers, subprocesses or `dagster dev` for every test, the modules whose tests mostly
 # run Dagster jobs in-process, and single tests that took over 2 s on a loaded 2-core machine
-# (about 0.6 s on a quiet one: a Dagster run, a CLI subprocess, a property search). A test
+# (about 0.6 s on a quiet one: a Dagster run, a CLI subprocess, a property search, a
+# sensor tick over hundreds of harvesters). A test
 # is named by its function (every parameter); a name that no longer exists fails the
 # collection, so the list cannot silently rot. `make test` and CI still run everything.
 
 SLOW_FOLDERS = ("browser", "e2e", "reliability")
 SLOW_MODULES = (
-    "test_alerts.py", "test_cli_list.py", "test_harvest.py", "test_harvest_xslt.py",
-    "test_job.py", "test_lineage.py", "test_manage.py", "test_reconcile.py",
-    "test_run_mode.py", "test_short_list.py", "test_since.py", "test_windows.py",
+    "test_alerts.py", "test_cli_list.py", "test_cli_pipes.py", "test_harvest.py",
+    "test_harvest_xslt.py", "test_job.py", "test_lineage.py", "test_manage.py",
+    "test_reconcile.py", "test_reshard.py", "test_run_mode.py", "test_schedule_mode.py",
+    "test_short_list.py", "test_since.py", "test_windows.py",
     "validation/test_schema_check.py",
 )
 SLOW_TESTS = {
     "demo/test_invalid.py": ("test_demo_harvest_reports_the_invalid_records",),
     "demo/test_server.py": ("test_make_dataset_200k_is_quick",),
+    "oai/test_datestamps.py": ("test_parse_datestamp_never_crashes",),
     "oai/test_datestamp_forms.py": ("test_any_text_reads_or_is_refused_cleanly",),
     "oai/test_deadline.py": ("test_slow_response_within_the_deadline_succeeds",
                              "test_trickling_response_fails_at_the_deadline"),
@@ -223,7 +263,7 @@ SLOW_TESTS = {
     "test_cli.py": ("test_add_loads_only_what_it_needs", "test_invalid_row",
                     "test_list_and_show", "test_records_after_a_real_harvest",
                     "test_remove_confirmed_on_stdin", "test_remove_yes",
-                    "test_update_checks_the_sets"),
+                    "test_update_checks_the_sets", "test_update_url_checks_the_kept_sets"),
     "test_cli_errors.py": ("test_broken_database_in_a_process",
                            "test_failed_harvest_in_a_bare_home",
                            "test_failed_harvest_in_a_process", "test_failed_harvest_is_one_line",
@@ -252,16 +292,43 @@ SLOW_TESTS = {
     "test_export.py": ("test_export_onto_a_full_disk",
                        "test_export_to_stdout_whose_reader_goes_away"),
     "test_formats.py": ("test_a_new_row_shows_in_the_help",),
+    "test_harvest_xslt_limits.py": ("test_a_hostile_record_fails_alone",),
     "test_packaging.py": ("test_dg_check_defs_loads_the_harvesters",),
-    "test_private.py": ("test_forget_defs_state_storage_lets_a_later_load_succeed",
-                        "test_read_sensor_cursor_of_a_started_sensor",
-                        "test_stored_schedule_statuses_one_running_state_wins"),
     "test_profile.py": ("test_coverage_carried_over_when_a_run_changes_nothing",
                         "test_records_asset_profiles_a_sample_past_its_cap",
                         "test_records_materialization_carries_coverage"),
+    "test_private.py": ("test_execute_in_location_gives_the_run_its_remote_origin",
+                        "test_forget_defs_state_storage_lets_a_later_load_succeed",
+                        "test_read_sensor_cursor_of_a_started_sensor",
+                        "test_stored_schedule_statuses_one_running_state_wins"),
     "test_registry.py": ("test_list_rows_keeps_rows_in_chunks_in_id_order",),
     "test_schedule_stop.py": ("test_remove_without_webserver_stops_a_started_schedule",),
-    "transform/test_plugin_sources.py": ("test_manage_harvesters_refuses_it",),
+    "test_shards.py": ("test_each_shard_location_loads_its_own_harvesters",),
+    "test_since_cursor.py": ("test_the_cursor_holds_at_most_64_bytes_per_harvester",
+                             "test_an_empty_cursor_fills_every_entry_at_once"),
+    "test_since_dates.py": ("test_response_date_of_year_one_never_poisons_since",
+                            "test_a_stored_since_before_earliest_is_asked_without_from",
+                            "test_server_clock_minutes_ahead_loses_no_change",
+                            "test_far_future_date_typed_into_the_cursor_is_refused",
+                            "test_a_stored_far_future_since_harvests_in_full_then_heals",
+                            "test_cursor_edit_of_since_alone_is_understood",
+                            "test_run_config_since_ahead_of_the_clock_fails_the_run",
+                            "test_run_config_since_before_earliest_is_asked_without_from",
+                            "test_until_day_on_a_seconds_server_through_run_config_and_cli"),
+    "test_sweep.py": ("test_max_delete_default_and_cli",
+                      "test_reconcile_against_a_broken_index_tombstones_nothing",
+                      "test_reconcile_below_the_limit_is_unchanged",
+                      "test_cli_holds_back_and_confirms",
+                      "test_a_changed_set_sweeps_the_old_selection",
+                      "test_a_changed_url_within_the_limit_sweeps_without_confirmation",
+                      "test_a_resumed_harvest_of_the_new_selection_sweeps_on_the_next_full_run"),
+    "test_ui_launches.py": ("test_a_check_executes_alone_from_the_store",
+                            "test_materialize_from_the_graph_tags_the_run",
+                            "test_a_run_of_two_harvesters_is_not_tagged_as_either",
+                            "test_a_cli_run_shows_in_its_jobs_runs_tab",
+                            "test_the_harvest_command_names_the_location_it_knows"),
+    "transform/test_plugin_sources.py": ("test_command_refuses_it_and_writes_nothing",
+                                         "test_manage_harvesters_refuses_it"),
     "transform/test_xml.py": ("test_generated_trees_round_trip",),
     "validation/test_setup.py": ("test_shipped_schemas_are_in_the_built_wheel",),
 }
