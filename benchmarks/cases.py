@@ -57,6 +57,8 @@ class Sizes:
     shard_baseline: int = 1000  # N of the one-location (K=1) comparison
     aggregator_records: int = 20_000
     aggregator_repeats: int = 3
+    load_sizes: tuple[int, ...] = (200, 1000)  # case 11: private vs public builders
+    load_repeats: int = 3  # interleaved pairs at the first size (one at the others)
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -65,7 +67,7 @@ class Sizes:
                    definitions=(20, 50), reloads=(50,), reload_repeats=1,
                    shard_sizes=(100,), per_shard=50, shard_baseline=100,
                    cli_records=2_000, cli_repeats=1, aggregator_records=2_000,
-                   aggregator_repeats=1)
+                   aggregator_repeats=1, load_sizes=(50,), load_repeats=1)
 
 
 @dataclass
@@ -538,6 +540,13 @@ def case_sensor_footprint(b: Bench) -> None:
     run(b)
 
 
+def case_location_load(b: Bench) -> None:
+    """Case 11 (benchmarks/location_load.py, which imports this module)."""
+    from benchmarks.location_load import case_location_load as run
+
+    run(b)
+
+
 CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
     "1": ("fetch + parse throughput vs Sickle and oaipmh-scythe", case_fetch),
     "2": ("end-to-end harvest throughput (SQLite, PostgreSQL, job)", case_e2e),
@@ -551,6 +560,8 @@ CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
           case_profiles),
     "10": ("since sensor footprint: tick rows a day at 200 and 10,000 harvesters",
            case_sensor_footprint),
+    "11": ("code location load: public builders vs the private ones they replaced",
+           case_location_load),
 }
 
 

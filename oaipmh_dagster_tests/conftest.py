@@ -245,7 +245,6 @@ SLOW_TESTS = {
                        "test_export_to_stdout_whose_reader_goes_away"),
     "test_packaging.py": ("test_dg_check_defs_loads_the_harvesters",),
     "test_private.py": ("test_forget_defs_state_storage_lets_a_later_load_succeed",
-                        "test_read_sensor_cursor_of_a_started_sensor",
                         "test_stored_schedule_statuses_one_running_state_wins"),
     "test_profile.py": ("test_coverage_carried_over_when_a_run_changes_nothing",
                         "test_records_asset_profiles_a_sample_past_its_cap",
