@@ -57,7 +57,7 @@ class Sizes:
     shard_baseline: int = 1000  # N of the one-location (K=1) comparison
     aggregator_records: int = 20_000
     aggregator_repeats: int = 3
-    load_sizes: tuple[int, ...] = (200, 1000)  # case 11: private vs public builders
+    load_sizes: tuple[int, ...] = (200, 1000)  # case 12: private vs public builders
     load_repeats: int = 3  # interleaved pairs at the first size (one at the others)
 
     @classmethod
@@ -541,7 +541,7 @@ def case_sensor_footprint(b: Bench) -> None:
 
 
 def case_location_load(b: Bench) -> None:
-    """Case 11 (benchmarks/location_load.py, which imports this module)."""
+    """Case 12 (benchmarks/location_load.py, which imports this module)."""
     from benchmarks.location_load import case_location_load as run
 
     run(b)
@@ -560,7 +560,7 @@ CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
           case_profiles),
     "10": ("since sensor footprint: tick rows a day at 200 and 10,000 harvesters",
            case_sensor_footprint),
-    "11": ("code location load: public builders vs the private ones they replaced",
+    "12": ("code location load: public builders vs the private ones they replaced",
            case_location_load),
 }
 

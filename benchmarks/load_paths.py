@@ -1,5 +1,5 @@
 """Other ways to build the code location's harvester definitions, measured against
-today's (case 11). `use(path)` puts a path's builders in place of the ones in
+today's (case 12). `use(path)` puts a path's builders in place of the ones in
 `oaipmh_dagster.definitions` for the rest of the process:
 
 - `private`: as built until 2026-12-02, through Dagster's private API: one op

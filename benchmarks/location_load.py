@@ -1,4 +1,4 @@
-"""Case 11: the load of one code location of N harvesters (200: a shard's size, and
+"""Case 12: the load of one code location of N harvesters (200: a shard's size, and
 1,000), built through today's public builders and through the private ones they
 replaced (`benchmarks.load_paths`), in fresh processes, interleaved (private, public,
 private, ...) so that a change in machine load hits both. Each load is what a code
@@ -32,7 +32,7 @@ def _median(runs: list[dict[str, Any]], key: str) -> float:
 
 
 def case_location_load(b: Bench) -> None:
-    """Case 11: public vs private builders, one location of N harvesters."""
+    """Case 12: public vs private builders, one location of N harvesters."""
     out: dict[str, Any] = {}
     for i, n in enumerate(b.sizes.load_sizes):
         runs = _pairs(b, n, b.sizes.load_repeats if i == 0 else 1)
@@ -44,7 +44,7 @@ def case_location_load(b: Bench) -> None:
         parts = ", ".join(f"{k} {_median(runs['public'], k + '_cpu'):.2f} s "
                           f"(private {_median(runs['private'], k + '_cpu'):.2f} s)"
                           for k in ("build", "resolve", "snapshot"))
-        row = Row("11", f"location load, {n:,} harvesters: public (CPU)",
+        row = Row("12", f"location load, {n:,} harvesters: public (CPU)",
                   f"{cpu['public']:.2f} s",
                   f"private {cpu['private']:.2f} s: x{cpu['public'] / cpu['private']:.2f}, "
                   f"+{extra:.2f} s; wall {wall['public']:.1f} s vs {wall['private']:.1f} s; "
@@ -59,7 +59,7 @@ def case_location_load(b: Bench) -> None:
         n = b.sizes.load_sizes[0]
         r = b.child("location_load", {"n": n, "path": "location_resolved"}, timeout=3600)
         out["location_resolved"] = r
-        b.add(Row("11", f"location load, {n:,} harvesters: jobs resolved by the location",
+        b.add(Row("12", f"location load, {n:,} harvesters: jobs resolved by the location",
                   f"{r['cpu_seconds']:.2f} s",
                   f"resolve {r['resolve_cpu']:.2f} s, snapshot {r['snapshot_cpu']:.2f} s "
                   f"(CPU); wall {r['seconds']:.1f} s", values=r))

@@ -8,7 +8,7 @@ with its name and pool, tied to its assets by the `AssetsDefinition` constructor
 `can_subset`; `dg.define_asset_job` resolved against a `Definitions` of the harvester's
 own assets). The private builders they replaced (one op definition copied under each
 harvester's name, `build_asset_job` over an `AssetGraph` of the harvester's assets) are
-kept as the baseline of benchmarks case 11: a location of 200 harvesters (a shard) took
+kept as the baseline of benchmarks case 12: a location of 200 harvesters (a shard) took
 3.08 s of CPU to load through the public ones against 2.31 s (+0.76 s), one of 1,000
 20.7 s against 13.9 s (measured on 2026-12-02 at a load average of 15 to 30).
 
