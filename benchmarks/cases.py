@@ -59,6 +59,8 @@ class Sizes:
     dev_shards: dict[int, int] = field(default_factory=lambda: {3000: 12})  # else N / per_shard
     aggregator_records: int = 20_000
     aggregator_repeats: int = 3
+    load_sizes: tuple[int, ...] = (200, 1000)  # case 12: private vs public builders
+    load_repeats: int = 3  # interleaved pairs at the first size (one at the others)
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -67,7 +69,7 @@ class Sizes:
                    definitions=(20, 50), reloads=(50,), reload_repeats=1,
                    shard_sizes=(100,), per_shard=50, shard_baseline=100, dev_sizes=(100,),
                    cli_records=2_000, cli_repeats=1, aggregator_records=2_000,
-                   aggregator_repeats=1)
+                   aggregator_repeats=1, load_sizes=(50,), load_repeats=1)
 
 
 @dataclass
@@ -547,6 +549,13 @@ def case_dev_add(b: Bench) -> None:
     run(b)
 
 
+def case_location_load(b: Bench) -> None:
+    """Case 12 (benchmarks/location_load.py, which imports this module)."""
+    from benchmarks.location_load import case_location_load as run
+
+    run(b)
+
+
 CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
     "1": ("fetch + parse throughput vs Sickle and oaipmh-scythe", case_fetch),
     "2": ("end-to-end harvest throughput (SQLite, PostgreSQL, job)", case_e2e),
@@ -562,6 +571,8 @@ CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
            case_sensor_footprint),
     "11": ("add-to-visible under dagster dev (webserver, daemon, code servers)",
            case_dev_add),
+    "12": ("code location load: public builders vs the private ones they replaced",
+           case_location_load),
 }
 
 

@@ -368,6 +368,39 @@ def definitions(args: dict[str, Any]) -> dict[str, Any]:
             "validate_seconds": validated, "seconds": built + validated}
 
 
+def location_load(args: dict[str, Any]) -> dict[str, Any]:
+    """What a code server does to load the location of N harvesters, built through
+    `path` (`benchmarks.load_paths`): build the Definitions, resolve the repository and
+    its jobs, serialize the repository snapshot it sends (job snapshots deferred). Wall
+    and CPU seconds, imports not counted; the snapshot's digest and one job's snapshot
+    id tell whether two paths give the same location."""
+    from dagster._core.remote_representation.external_data import RepositorySnap
+    from dagster_shared.serdes import serialize_value
+
+    from benchmarks.load_paths import use
+    from oaipmh_dagster.definitions import build_definitions, freeze_long_lived
+
+    path = args.get("path", "public")
+    use(path)
+    rows = harvesters(int(args["n"]))
+    freeze_long_lived()  # as the code location's entry point does
+    c0, t0 = _cpu(), time.perf_counter()
+    defs = build_definitions(rows, "oaipmh_dagster")
+    c1 = _cpu()
+    repo = defs.get_repository_def()
+    repo.load_all_definitions()
+    c2 = _cpu()
+    data = serialize_value(RepositorySnap.from_def(repo, defer_snapshots=True))
+    c3, t3 = _cpu(), time.perf_counter()
+    job = repo.get_job(rows[0].job_name) if rows else None
+    return {"n": len(rows), "path": path, "jobs": len(repo.get_all_jobs()),
+            "snapshot_bytes": len(data.encode()),
+            "snapshot_sha256": hashlib.sha256(data.encode()).hexdigest(),
+            "job_snapshot_id": job.get_job_snapshot_id() if job is not None else None,
+            "seconds": t3 - t0, "cpu_seconds": c3 - c0,
+            "build_cpu": c1 - c0, "resolve_cpu": c2 - c1, "snapshot_cpu": c3 - c2}
+
+
 def registry(args: dict[str, Any]) -> dict[str, Any]:
     """Fill a registry database with N harvesters (for the reload case)."""
     import sqlalchemy as sa
@@ -488,6 +521,7 @@ KINDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "fetch": fetch, "memory": memory, "harvest": harvest, "profile": profile, "job": job,
     "profile_job": profile_job,
     "sickle_harvest": sickle_harvest, "definitions": definitions, "registry": registry,
+    "location_load": location_load,
     "stored": stored,
     "shard_snapshot": shard_snapshot, "scheduler": scheduler,
 }

@@ -299,7 +299,6 @@ SLOW_TESTS = {
                         "test_records_materialization_carries_coverage"),
     "test_private.py": ("test_execute_in_location_gives_the_run_its_remote_origin",
                         "test_forget_defs_state_storage_lets_a_later_load_succeed",
-                        "test_read_sensor_cursor_of_a_started_sensor",
                         "test_stored_schedule_statuses_one_running_state_wins"),
     "test_registry.py": ("test_list_rows_keeps_rows_in_chunks_in_id_order",),
     "test_schedule_stop.py": ("test_remove_without_webserver_stops_a_started_schedule",),

@@ -1,5 +1,6 @@
-"""Dagster's private API, used only in dagster_parts/_private.py: the version it was
-written for, and each private call exercised, so an upgrade fails here first."""
+"""Dagster's private API, used only in dagster_parts/_private.py: the series it was
+written for (and pinned to), and each private call exercised, so an upgrade fails here
+first."""
 
 from __future__ import annotations
 
@@ -8,11 +9,9 @@ import re
 from pathlib import Path
 
 import dagster as dg
-import pytest
 
 from oaipmh_dagster.contracts import ROWS_KEY, SENSOR_NAME
 from oaipmh_dagster.dagster_parts import _private
-from oaipmh_dagster.dagster_parts.assets import _harvest_op, build_harvester_assets
 from oaipmh_dagster.definitions import defs
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster_tests.instigators import start_schedule, start_sensor
@@ -20,11 +19,40 @@ from oaipmh_dagster_tests.instigators import start_schedule, start_sensor
 PACKAGE = Path(__file__).resolve().parents[1] / "oaipmh_dagster"
 
 
-def test_written_for_this_dagster_version() -> None:
-    assert dg.__version__ == _private.WRITTEN_FOR, (
+def test_installed_dagster_is_of_the_supported_series() -> None:
+    series = ".".join(dg.__version__.split(".")[:2])
+    assert series == _private.SUPPORTED_SERIES, (
         f"dagster {dg.__version__} is installed; oaipmh_dagster/dagster_parts/_private.py "
-        f"was written for {_private.WRITTEN_FOR}: re-check each function there (or move to "
-        "the public fallback its docstring describes), then update WRITTEN_FOR")
+        f"was written for the {_private.SUPPORTED_SERIES} series: re-check each function "
+        "there (or move to the public fallback its docstring describes), then update "
+        "SUPPORTED_SERIES and the pins in pyproject.toml")
+
+
+def test_pins_hold_dagster_to_the_supported_series() -> None:
+    """Each Dagster pin of pyproject.toml is a range within the supported series (the
+    libraries' series is the minor plus 16 with a leading 0: 1.13 -> 0.29)."""
+    major, minor = map(int, _private.SUPPORTED_SERIES.split("."))
+    lib = f"0.{minor + 16}"
+    text = (PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8")
+    pins = dict(re.findall(r'"(dagster(?:-[a-z0-9-]+)?)([<>=!~][^"]*)"', text))
+    assert {"dagster", "dagster-webserver", "dagster-graphql", "dagster-postgres",
+            "dagster-dg-cli", "dagster-k8s", "dagster-docker", "dagster-celery-k8s"} <= set(pins)
+    for name, spec in pins.items():
+        series = f"{major}.{minor}" if name in _CORE else lib
+        upper = f"{major}.{minor + 1}" if name in _CORE else f"0.{minor + 17}"
+        assert re.fullmatch(rf">={re.escape(series)}\.\d+,<{re.escape(upper)}", spec), (
+            name, spec)
+
+
+_CORE = {"dagster", "dagster-webserver", "dagster-graphql", "dagster-dg-cli"}
+
+
+def test_every_private_function_is_exercised_here() -> None:
+    source = Path(__file__).read_text(encoding="utf-8")
+    names = [n for n, v in vars(_private).items() if not n.startswith("_")
+             and getattr(v, "__module__", None) == _private.__name__]
+    assert names and all(f"_private.{n}" in source for n in names), [
+        n for n in names if f"_private.{n}" not in source]
 
 
 def test_private_api_is_used_in_one_module_only() -> None:
@@ -32,33 +60,6 @@ def test_private_api_is_used_in_one_module_only() -> None:
     users = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                    if private.search(p.read_text(encoding="utf-8")))
     assert users == ["dagster_parts/_private.py"]
-
-
-def test_renamed_op_is_a_copy_under_another_name() -> None:
-    op = _harvest_op()
-    copy = _private.renamed_op(op, "harvest_x", "Harvest x.", pool="oaipmh/host/example.org")
-    assert (copy.name, copy.description, copy.pool) == ("harvest_x", "Harvest x.",
-                                                         "oaipmh/host/example.org")
-    assert op.name == "harvest" and op.pool is None  # the shared op is untouched
-    assert copy.config_schema is op.config_schema and copy.outs == op.outs
-    with pytest.raises(dg.DagsterInvalidDefinitionError):
-        _private.renamed_op(op, "not a name", "")
-
-
-def test_build_job_holds_only_its_own_assets() -> None:
-    h = Harvester(id="p", base_url="http://127.0.0.1:9/oai", metadata_prefix="oai_dc")
-    other = build_harvester_assets(Harvester(id="q", base_url="http://127.0.0.1:9/oai",
-                                             metadata_prefix="oai_dc"))
-    assert other
-    job = _private.build_job(h.job_name, build_harvester_assets(h),
-                             {key: dg.ResourceDefinition.none_resource()
-                              for key in _harvest_op().required_resource_keys},
-                             description="d",
-                             tags={"oaipmh/harvester": "p"})
-    assert job.name == h.job_name and job.tags["oaipmh/harvester"] == "p"
-    assert {k.to_user_string() for k in job.asset_layer.executable_asset_keys} == {
-        "oaipmh/p/raw_records", "oaipmh/p/records"}
-    assert [n.name for n in job.graph.node_defs] == ["harvest_p"]
 
 
 def test_execute_in_location_gives_the_run_its_remote_origin(sqlite_url: str) -> None:
@@ -78,6 +79,7 @@ def test_execute_in_location_gives_the_run_its_remote_origin(sqlite_url: str) ->
         run = instance.get_run_by_id(result.run_id)
         origin = run.remote_job_origin
         assert (origin.location_name, origin.job_name) == ("here", job.name)
+        assert origin == _private.job_origin("here", job.name)
         assert origin.repository_origin.repository_name == _private.REPOSITORY_NAME
         label = f"{_private.REPOSITORY_NAME}@here"
         assert run.tags["oaipmh/harvester"] == "o"
@@ -111,20 +113,6 @@ def test_load_context_hands_rows_to_run_workers_and_reads_them_back(sqlite_url: 
     assert rebuilt.resolve_job_def(row.job_name).name == row.job_name
 
 
-def test_read_sensor_cursor_of_a_started_sensor(sqlite_url: str) -> None:
-    with dg.instance_for_test() as instance:
-        assert _private.read_sensor_cursor(instance, SENSOR_NAME, "here") is None
-        for location, cursor in (("here", '{"since": {"a": "2024-01-01"}}'),
-                                 ("elsewhere", '{"since": {}}')):
-            start_sensor(instance, SENSOR_NAME, location, cursor)
-        assert _private.read_sensor_cursor(instance, SENSOR_NAME, "here") == (
-            '{"since": {"a": "2024-01-01"}}')
-        assert _private.read_sensor_cursor(instance, SENSOR_NAME, None) is None  # two
-        assert _private.read_sensor_cursor(instance, "other_sensor", "here") is None
-        # (stop_schedule_states: exercised on a real schedule in test_schedule_stop.py)
-        assert _private.stop_schedule_states(instance, SENSOR_NAME) == 0  # not a schedule
-
-
 def test_stored_schedule_statuses_one_running_state_wins(sqlite_url: str) -> None:
     with dg.instance_for_test() as instance:
         assert _private.stored_schedule_statuses(instance) == {}
@@ -132,6 +120,7 @@ def test_stored_schedule_statuses_one_running_state_wins(sqlite_url: str) -> Non
         start_schedule(instance, "harvest_oaipmh_records_b", "here", "0 0 * * *")
         _private.stop_schedule_states(instance, "harvest_oaipmh_records_b")
         start_sensor(instance, SENSOR_NAME, "here", "{}")  # not a schedule: left out
+        assert _private.stop_schedule_states(instance, SENSOR_NAME) == 0
         assert _private.stored_schedule_statuses(instance) == {
             "harvest_oaipmh_records_a": "RUNNING", "harvest_oaipmh_records_b": "STOPPED"}
 
@@ -144,6 +133,7 @@ def test_stored_schedules_name_their_location_and_can_be_forgotten(sqlite_url: s
         start_schedule(instance, "harvest_oaipmh_records_b", "loc_shard_1", "0 0 * * *")
         start_sensor(instance, SENSOR_NAME, "loc_shard_1", "{}")  # not a schedule
         stored = sorted(_private.stored_schedules(instance), key=lambda s: (s.name, s.location))
+        assert all(isinstance(s, _private.StoredSchedule) for s in stored)
         assert [(s.name, s.location, s.running) for s in stored] == [
             ("harvest_oaipmh_records_a", "loc_shard_0", False),
             ("harvest_oaipmh_records_a", "loc_shard_1", False),

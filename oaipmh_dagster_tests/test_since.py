@@ -401,16 +401,21 @@ def test_malformed_cursor_is_reported_and_ignored(database_url: str, server: OAI
     json.loads(result.cursor)
 
 
-def test_cursor_edited_during_a_tick_is_kept(sqlite_url: str, server: OAIServer) -> None:
+def test_cursor_edited_during_a_tick_is_overwritten_by_it(sqlite_url: str,
+                                                          server: OAIServer) -> None:
+    """The tick returns the cursor it evaluated from the one it was given; the daemon
+    writes that back, over an edit stored while the tick ran (docs/since.md)."""
     h = add_harvester("j", server.base_url)
     with dg.instance_for_test() as instance:
         edited = json.dumps({"since": {"j": "2024-01-01"}, "published": {}})
-        start_sensor(instance, SENSOR_NAME, LOCATION, edited)
+        start_sensor(instance, SENSOR_NAME, LOCATION, edited)  # stored during the tick
         sensor = build_definitions([h], LOCATION).get_repository_def().get_sensor_def(
             SENSOR_NAME)
         ctx = dg.build_sensor_context(instance=instance, cursor='{"since": {}}')
         result = sensor.evaluate_tick(ctx)
-        assert result.cursor == edited  # the daemon writes this back: the edit survives
+        assert result.cursor is not None and "2024-01-01" not in result.cursor
+        assert "since" in json.loads(result.cursor)
+        assert since_of(instance, h) is None  # the edit was never read
 
 
 def test_an_empty_cursor_starts_at_now_and_loses_no_since(database_url: str,

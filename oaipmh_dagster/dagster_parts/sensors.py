@@ -22,7 +22,6 @@ from oaipmh_dagster.dagster_parts.since import (
     current_states,
     parse_cursor,
     published_state,
-    read_sensor_cursor,
     run_since,
     since_observation,
 )
@@ -335,13 +334,9 @@ def build_since_sensor(
         ),
     )
     def oaipmh_since_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        # The daemon writes back the cursor a tick returns: an edit stored while this
+        # tick runs is overwritten (docs/since.md says so).
         tick = evaluate(context.instance, context.cursor, rows, location_name)
-        stored = read_sensor_cursor(context.instance, location_name) if location_name else None
-        if stored is not None and stored != context.cursor:
-            # Edited while this tick ran: keep the edit (the daemon writes back the cursor
-            # a tick returns) and read it on the next tick.
-            return dg.SensorResult(cursor=stored, skip_reason="the cursor was edited during "
-                                   "this tick: it is kept and read on the next tick")
         for line in tick.lines:
             context.log.info(line)
         changes = [line for line in tick.lines if "since" in line]

@@ -31,14 +31,12 @@ from oaipmh_dagster.contracts import (
     SINCE_KEY,
     SINCE_SOURCE_KEY,
 )
-from oaipmh_dagster.dagster_parts import _private
 from oaipmh_dagster.incremental import SinceState
 from oaipmh_dagster.oai import parse_user_datetime
 from oaipmh_dagster.registry import Harvester
 
 __all__ = ["SENSOR_NAME", "ResolvedSince", "current_state", "current_states", "parse_cursor",
-           "published_state", "read_sensor_cursor", "resolve_since", "run_mode", "run_since",
-           "set_since",
+           "published_state", "resolve_since", "run_mode", "run_since", "set_since",
            "since_observation", "since_report"]
 
 # How many newer materializations a resolution looks at past the last published since.
@@ -257,12 +255,6 @@ def set_since(
     instance.report_runless_asset_event(
         since_observation(raw_key, value, scope, source, operator=True)
     )
-
-
-def read_sensor_cursor(instance: dg.DagsterInstance, location_name: str | None) -> str | None:
-    """The stored cursor of the since sensor of `location_name` (None when unknown). The
-    sensor uses it only to notice a cursor edited during its own tick."""
-    return _private.read_sensor_cursor(instance, SENSOR_NAME, location_name)
 
 
 def parse_cursor(cursor: str | None) -> tuple[dict[str, Any], list[str]]:
