@@ -24,6 +24,7 @@ from oaipmh_dagster.oai import (
     ClientOptions,
     Granularity,
     IdDoesNotExist,
+    Identify,
     OAIClient,
     Page,
     drop_seen,
@@ -398,47 +399,85 @@ def harvest(
     client = client or OAIClient(h.base_url, options or client_options(h), logger=logger)
     saved = store.acquire(h.id, run_id, is_stale=is_stale, logger=logger)
     held_selection = (store.state(h.id) or {}).get("selection")
-    pending = sweep.pending(held_selection, stats.scope)
+    job = _Job(h, store, run_id, client, logger, transform, validator, stats, started,
+               held_selection)
     ok, keeps, selection = False, None, None
     try:
         if since_after_lease is not None:
             since, full, overlap, source = since_after_lease()
             run = replace(run, since=since, full=full, overlap=overlap, since_source=source)
-        run = _full_when_pending(run, h, pending, logger)
+        run = _full_when_pending(run, h, job.pending, logger)
         local_start = datetime.now(UTC)  # our clock, before the server's first answer
         ident = client.identify()
         plan = _checked(make_plan, h, run, ident, saved, local_start)
         keeps = plan.keeps
-        for level, note in plan.notes:
-            getattr(logger, level)(note)
-        _start(stats, plan, ident.response_date)
-        seen: set[str] | None = (set() if pending and plan.mode == "full"
-                                 and not run.reconcile else None)
-        skipped = client.stats.skipped_headers
-        _store_pages(_pages(client, h, plan, stats, logger), store, h, run_id, transform,
-                     stats, plan, on_page, logger, started, validator, seen)
-        _decide_next_since(stats, plan, ident.earliest_datestamp, local_start,
-                           oai_ids=bool(run.oai_ids), until=run.until_dt() is not None)
-        if client.stats.skipped_headers > skipped and seen is not None:
-            logger.warning("the harvest skipped headers it could not read: the records of "
-                           "the previous selection are swept by a later full harvest")
-            seen = None
-        selection = _after_lists(client, h, store, run, stats, seen, run_id, logger,
-                                 transform=transform, validate=validator, held=held_selection)
+        selection = _execute(job, run, plan, ident, local_start, on_page)
         ok = stats.held_back is None
     finally:
-        cs = client.stats
-        stats.requests, stats.retries = cs.requests, cs.retries
-        stats.bytes, stats.stripped_chars = cs.bytes_received, cs.stripped_chars
-        stats.duration = time.perf_counter() - started
-        store.release(h.id, run_id, succeeded=ok, keep=keeps,
-                      selection=selection if ok else None)
-        if own_client:
-            client.close()
+        _close(job, ok=ok, keeps=keeps, selection=selection, own_client=own_client)
     logger.info("harvest finished: %s", stats.summary())
     if stats.held_back is not None:
         raise MassDeleteHeldBack(stats)
     return stats
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What the steps of one harvest share once its lease is held."""
+
+    h: Harvester
+    store: Store
+    run_id: str
+    client: OAIClient
+    logger: Any
+    transform: Transform
+    validate: Validate | None
+    stats: HarvestStats
+    started: float
+    held_selection: str | None  # the selection the harvest state records (None: unknown)
+
+    @property
+    def pending(self) -> bool:
+        """Whether the store still holds live records of a previous selection."""
+        return sweep.pending(self.held_selection, self.stats.scope)
+
+
+def _execute(job: _Job, run: RunOptions, plan: Plan, ident: Identify, local_start: datetime,
+             on_page: OnPage | None) -> str | None:
+    """Execute `plan`: the pages, the next since, then the reconcile and sweeps after the
+    lists. Returns the selection to record (see `_sweep`)."""
+    h, client, stats, logger = job.h, job.client, job.stats, job.logger
+    for level, note in plan.notes:
+        getattr(logger, level)(note)
+    _start(stats, plan, ident.response_date)
+    seen: set[str] | None = (set() if job.pending and plan.mode == "full"
+                             and not run.reconcile else None)
+    skipped = client.stats.skipped_headers
+    _store_pages(_pages(client, h, plan, stats, logger), job.store, h, job.run_id,
+                 job.transform, stats, plan, on_page, logger, job.started, job.validate, seen)
+    _decide_next_since(stats, plan, ident.earliest_datestamp, local_start,
+                       oai_ids=bool(run.oai_ids), until=run.until_dt() is not None)
+    if client.stats.skipped_headers > skipped and seen is not None:
+        logger.warning("the harvest skipped headers it could not read: the records of "
+                       "the previous selection are swept by a later full harvest")
+        seen = None
+    return _after_lists(client, h, job.store, run, stats, seen, job.run_id, logger,
+                        transform=job.transform, validate=job.validate,
+                        held=job.held_selection)
+
+
+def _close(job: _Job, *, ok: bool, keeps: Any, selection: str | None, own_client: bool
+           ) -> None:
+    """The client's counts into the statistics, the lease released (recording the
+    selection on success), the client closed when the harvest opened it."""
+    stats, cs = job.stats, job.client.stats
+    stats.requests, stats.retries = cs.requests, cs.retries
+    stats.bytes, stats.stripped_chars = cs.bytes_received, cs.stripped_chars
+    stats.duration = time.perf_counter() - job.started
+    job.store.release(job.h.id, job.run_id, succeeded=ok, keep=keeps,
+                      selection=selection if ok else None)
+    if own_client:
+        job.client.close()
 
 
 def _full_when_pending(run: RunOptions, h: Harvester, pending: bool, logger: Any

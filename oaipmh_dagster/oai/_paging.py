@@ -60,36 +60,51 @@ def follow_tokens(
         except BadResumptionToken as exc:
             if not token or restarted or not can_restart:
                 raise
-            restarted = True
-            whose = "the checkpoint's resumptionToken" if first else "resumptionToken"
-            log.warning(
-                f"{whose} {token!r} was rejected "
-                f"({exc.server_message or 'badResumptionToken'}); "
-                f"restarting the list from its original arguments at {url_for(args)}"
-            )
-            token, loops, empty = None, LoopDetector(), 0
+            _restarting(log, exc, token, first, url_for(args))
+            token, loops, empty, restarted = None, LoopDetector(), 0, True
             continue
         first = False
         yield item, rt
         if rt is None or not rt.token:
             return
-        if rt.token == token or loops.repeated(rt.token):
-            raise OAIDataError(
-                "resumptionToken loop: the server sent a token it already sent",
-                url=url_for(params),
-                token=rt.token,
-            )
-        if count == 0:
-            empty += 1
-            if empty > max_empty_pages:
-                raise OAIDataError(
-                    f"{empty} pages in a row with a resumptionToken but no records",
-                    url=url_for(params),
-                    token=rt.token,
-                )
-        else:
-            empty = 0
+        empty = _checked_next(rt, token, count, empty, loops, max_empty_pages,
+                              url_for, params)
         token = rt.token
+
+
+def _restarting(log: logging.Logger | LoggerLike, exc: BadResumptionToken, token: str,
+                first: bool, url: str) -> None:
+    whose = "the checkpoint's resumptionToken" if first else "resumptionToken"
+    log.warning(
+        f"{whose} {token!r} was rejected "
+        f"({exc.server_message or 'badResumptionToken'}); "
+        f"restarting the list from its original arguments at {url}"
+    )
+
+
+def _checked_next(
+    rt: ResumptionToken, token: str | None, count: int, empty: int, loops: LoopDetector,
+    max_empty_pages: int, url_for: Callable[[dict[str, str]], str], params: dict[str, str],
+) -> int:
+    """The count of record-less pages in a row after a page of `count` records that
+    carries `rt`; raises on a token loop or too many record-less pages."""
+    assert rt.token
+    if rt.token == token or loops.repeated(rt.token):
+        raise OAIDataError(
+            "resumptionToken loop: the server sent a token it already sent",
+            url=url_for(params),
+            token=rt.token,
+        )
+    if count:
+        return 0
+    empty += 1
+    if empty > max_empty_pages:
+        raise OAIDataError(
+            f"{empty} pages in a row with a resumptionToken but no records",
+            url=url_for(params),
+            token=rt.token,
+        )
+    return empty
 
 
 _END = object()
