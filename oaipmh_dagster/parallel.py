@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oaipmh_dagster.oai import Granularity, OAIClient, Page
+from oaipmh_dagster.stopping import Stop
 from oaipmh_dagster.windows import WindowState, split
 
 SPLIT_PAGES = 10
 MAX_SPLIT = 128
 MAX_DEPTH = 6
+JOIN_AFTER_STOP = 30.0  # seconds each worker gets to end once stopped
 
 
 @dataclass
@@ -62,7 +64,7 @@ class _Pool:
         self.todo: deque[WindowState] = deque(u for u in units if not u.done)
         self.lock = threading.Lock()
         self.out: queue.Queue[Event] = queue.Queue(maxsize=max(2, workers * 2))
-        self.stop = threading.Event()
+        self.stop = Stop()
         self.active = 0
         self.errors: list[BaseException] = []
 
@@ -86,23 +88,14 @@ class _Pool:
                     continue
                 yield event
         finally:
-            self.stop.set()
-            if any(t.is_alive() for t in threads):
-                # Stopped early (an error, Ctrl-C): end the workers' requests and back-off
-                # waits instead of waiting for a slow server.
-                self.client.cancel()
-            for t in threads:
-                t.join(timeout=30)
+            # Stopped early (an error, Ctrl-C): end the workers' requests and back-off
+            # waits instead of waiting for a slow server.
+            self.stop.end(threads, timeout=JOIN_AFTER_STOP, cancel=self.client.cancel)
 
     def put(self, event: Event) -> None:
         """Hand `event` to the consumer; `_Stop` once the harvest stops."""
-        while not self.stop.is_set():
-            try:
-                self.out.put(event, timeout=0.2)
-                return
-            except queue.Full:
-                continue
-        raise _Stop
+        if not self.stop.put(self.out, event):
+            raise _Stop
 
     def run_unit(self, u: WindowState) -> None:
         """Page through `u` (from its checkpointed token, if any: the client restarts the

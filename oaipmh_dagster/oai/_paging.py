@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from oaipmh_dagster.stopping import Stop
+
 from ._deadline import CancelScope, bind_scope
 from ._options import LoggerLike
 from .errors import BadResumptionToken, NoRecordsMatch, OAIDataError
@@ -146,7 +148,7 @@ class _Ahead:
         self._pages = pages
         self._asked = threading.Semaphore(0)
         self._done = threading.Event()
-        self._stopped = False
+        self.stopping = Stop()
         self._value: Any = _END
         self._error: BaseException | None = None
         self.thread = threading.Thread(
@@ -161,14 +163,14 @@ class _Ahead:
 
     def stop(self) -> None:
         """Let the thread end once the page it computes (if any) is done."""
-        self._stopped = True
+        self.stopping.set()
         self._asked.release()
 
     def _run(self, scope: CancelScope) -> None:
         bind_scope(scope)
         while True:
             self._asked.acquire()
-            if self._stopped:
+            if self.stopping.is_set():
                 return
             try:
                 self._value = next(self._pages, _END)
@@ -211,9 +213,9 @@ def prefetched(pages: Iterator[Page], parent: CancelScope) -> Iterator[Page]:
             yield page
     finally:
         ahead.stop()
-        if not finished:
-            scope.cancel()
-        ahead.thread.join(_JOIN_AFTER_CANCEL)  # at once unless a fetch ignores the cancel
+        # At once unless a fetch ignores the cancel.
+        ahead.stopping.end([ahead.thread], timeout=_JOIN_AFTER_CANCEL,
+                           cancel=None if finished else scope.cancel)
         parent.forget(scope)
         close = getattr(pages, "close", None)
         if close is not None and not ahead.thread.is_alive():
