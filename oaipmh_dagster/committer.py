@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from oaipmh_dagster.stopping import Stop
+
 __all__ = ["Committer"]
 
 T = TypeVar("T")
@@ -32,6 +34,7 @@ class Committer(Generic[T]):
         self._todo: queue.Queue[object] = queue.Queue(maxsize=depth)
         self._done: queue.Queue[T] = queue.Queue()
         self._error: BaseException | None = None
+        self._stop = Stop()
         self._thread = threading.Thread(target=self._run, name="oaipmh-committer",
                                         daemon=True)
         self._thread.start()
@@ -84,7 +87,7 @@ class Committer(Generic[T]):
             self._todo.put(_STOP, timeout=wait)
         except queue.Full:
             return
-        self._thread.join(wait)
+        self._stop.end([self._thread], timeout=wait)
 
     def __enter__(self) -> Committer[T]:
         return self

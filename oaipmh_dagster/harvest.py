@@ -20,6 +20,7 @@ from oaipmh_dagster import __version__, incremental, sweep
 from oaipmh_dagster import reconcile as reconcile_mod
 from oaipmh_dagster.committer import Committer
 from oaipmh_dagster.errors import OAIPMHDagsterError
+from oaipmh_dagster.lease import IsStale
 from oaipmh_dagster.oai import (
     ClientOptions,
     Granularity,
@@ -36,7 +37,9 @@ from oaipmh_dagster.plan import (
     ListCheckpoint,
     Plan,
     PlanError,
+    PlanMode,
     RunOptions,
+    SinceChoice,
     WindowedCheckpoint,
     covers_sets,
     make_plan,
@@ -67,8 +70,8 @@ from oaipmh_dagster.transform import (
 from oaipmh_dagster.windows import WindowState
 from oaipmh_dagster.words import count
 
-__all__ = ["CredentialsError", "HarvestError", "HarvestStats", "Listener",
-           "MassDeleteHeldBack", "Progress", "RunOptions",
+__all__ = ["CredentialsError", "HarvestError", "HarvestHooks", "HarvestStats", "Listener",
+           "MassDeleteHeldBack", "PlanMode", "Progress", "RunOptions", "SinceChoice",
            "client_options", "describe_short", "harvest", "make_transform", "make_validate"]
 
 log = logging.getLogger(__name__)
@@ -102,7 +105,7 @@ class HarvestStats:
     """What one harvest did (also the materialization metadata)."""
 
     harvester_id: str
-    mode: str = "incremental"  # incremental | full | oai_ids | resumed
+    mode: str = PlanMode.INCREMENTAL.value  # a `PlanMode`'s value
     since: str | None = None
     until: str | None = None
     sets: list[str] = field(default_factory=list)
@@ -257,8 +260,33 @@ class Listener:
     on_finish: Callable[[HarvestStats], None] | None = None
 
 
-# (since, full, overlap, where since came from: None for the run's own)
+# The older form of `HarvestHooks.resolve_since`: (since, full, overlap, source).
 SinceAfterLease = Callable[[], tuple[str | None, bool, bool, str | None]]
+
+
+@dataclass(frozen=True)
+class HarvestHooks:
+    """What a harvest asks of its caller, each optional: `resolve_since` is called once
+    the harvester's lease is held (a run that waited for another harvest of the same
+    harvester starts from the since that harvest left); `is_stale(run_id)` says the
+    orchestrator saw the lease holder's run end; `on_page` hears each committed page."""
+
+    resolve_since: Callable[[], SinceChoice] | None = None
+    is_stale: IsStale | None = None
+    on_page: OnPage | None = None
+
+    @classmethod
+    def of(cls, *, is_stale: IsStale | None = None, on_page: OnPage | None = None,
+           since_after_lease: SinceAfterLease | None = None) -> HarvestHooks:
+        """The hooks of the older keyword arguments (`since_after_lease` returns the
+        tuple (since, full, overlap, source))."""
+        resolve = (None if since_after_lease is None
+                   else functools.partial(_since_choice, since_after_lease))
+        return cls(resolve, is_stale, on_page)
+
+
+def _since_choice(since_after_lease: SinceAfterLease) -> SinceChoice:
+    return SinceChoice(*since_after_lease())
 
 
 def credentials(h: Harvester) -> dict[str, Any]:
@@ -368,7 +396,8 @@ def harvest(
     options: ClientOptions | None = None,
     client: OAIClient | None = None,
     logger: logging.Logger | Any = log,
-    is_stale: Callable[[str | None], bool] | None = None,
+    hooks: HarvestHooks | None = None,
+    is_stale: IsStale | None = None,
     on_page: OnPage | None = None,
     since_after_lease: SinceAfterLease | None = None,
     on_identify: Callable[[Identify], None] | None = None,
@@ -377,13 +406,12 @@ def harvest(
     statistics; raise on failure.
 
     Each page is committed with its checkpoint, so a failed or killed harvest is resumed
-    by the next one of the same list; a successful harvest of other lists leaves it. The statistics say which since the harvest may record
-    (`next_since`) and whether it covered the harvester's whole selection
-    (`covers_selection`). `on_page` is called after each committed page.
-    `since_after_lease`, when given, is called once the harvester's lease is held and
-    returns (since, full, overlap, source): a run that waited for another harvest of the
-    same harvester starts from the since that harvest left. `on_identify` is called
-    with the server's Identify answer as soon as it arrives (before any list).
+    by the next one of the same list; a successful harvest of other lists leaves it. The
+    statistics say which since the harvest may record (`next_since`) and whether it
+    covered the harvester's whole selection (`covers_selection`). `hooks`: see
+    `HarvestHooks`; `is_stale`, `on_page`, `since_after_lease`: their older form.
+    `on_identify` is called with the server's Identify answer as soon as it arrives
+    (before any list).
 
     When the store holds records of another selection (the URL, prefix or sets changed),
     a since a run recorded is not used (a full harvest), and the first full harvest read
@@ -391,6 +419,8 @@ def harvest(
     that would tombstone more than `h.max_delete` allows raises `MassDeleteHeldBack`
     unless `run.allow_mass_delete`."""
     run = run or RunOptions()
+    hooks = hooks or HarvestHooks.of(is_stale=is_stale, on_page=on_page,
+                                     since_after_lease=since_after_lease)
     _checked(validate, h, run)
     started = time.perf_counter()
     stats = HarvestStats(harvester_id=h.id, sets=run.set_specs(h),
@@ -399,51 +429,88 @@ def harvest(
     validator = make_validate(h)
     own_client = client is None
     client = client or OAIClient(h.base_url, options or client_options(h), logger=logger)
-    saved = store.acquire(h.id, run_id, is_stale=is_stale, logger=logger)
+    saved = store.acquire(h.id, run_id, is_stale=hooks.is_stale, logger=logger)
     held_selection = (store.state(h.id) or {}).get("selection")
-    pending = sweep.pending(held_selection, stats.scope)
+    job = _Job(h, store, run_id, client, logger, transform, validator, stats, started,
+               held_selection)
     ok, keeps, selection = False, None, None
     try:
-        if since_after_lease is not None:
-            since, full, overlap, source = since_after_lease()
-            run = replace(run, since=since, full=full, overlap=overlap, since_source=source)
-        run = _full_when_pending(run, h, pending, logger)
+        if hooks.resolve_since is not None:
+            run = run.with_since(hooks.resolve_since())
+        run = _full_when_pending(run, h, job.pending, logger)
         local_start = datetime.now(UTC)  # our clock, before the server's first answer
         ident = client.identify()
         if on_identify is not None:
             on_identify(ident)
         plan = _checked(make_plan, h, run, ident, saved, local_start)
         keeps = plan.keeps
-        for level, note in plan.notes:
-            getattr(logger, level)(note)
-        _start(stats, plan, ident.response_date)
-        seen: set[str] | None = (set() if pending and plan.mode == "full"
-                                 and not run.reconcile else None)
-        skipped = client.stats.skipped_headers
-        _store_pages(_pages(client, h, plan, stats, logger), store, h, run_id, transform,
-                     stats, plan, on_page, logger, started, validator, seen)
-        _decide_next_since(stats, plan, ident.earliest_datestamp, local_start,
-                           oai_ids=bool(run.oai_ids), until=run.until_dt() is not None)
-        if client.stats.skipped_headers > skipped and seen is not None:
-            logger.warning("the harvest skipped headers it could not read: the records of "
-                           "the previous selection are swept by a later full harvest")
-            seen = None
-        selection = _after_lists(client, h, store, run, stats, seen, run_id, logger,
-                                 transform=transform, validate=validator, held=held_selection)
+        selection = _execute(job, run, plan, ident, local_start, hooks.on_page)
         ok = stats.held_back is None
     finally:
-        cs = client.stats
-        stats.requests, stats.retries = cs.requests, cs.retries
-        stats.bytes, stats.stripped_chars = cs.bytes_received, cs.stripped_chars
-        stats.duration = time.perf_counter() - started
-        store.release(h.id, run_id, succeeded=ok, keep=keeps,
-                      selection=selection if ok else None)
-        if own_client:
-            client.close()
+        _close(job, ok=ok, keeps=keeps, selection=selection, own_client=own_client)
     logger.info("harvest finished: %s", stats.summary())
     if stats.held_back is not None:
         raise MassDeleteHeldBack(stats)
     return stats
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What the steps of one harvest share once its lease is held."""
+
+    h: Harvester
+    store: Store
+    run_id: str
+    client: OAIClient
+    logger: Any
+    transform: Transform
+    validate: Validate | None
+    stats: HarvestStats
+    started: float
+    held_selection: str | None  # the selection the harvest state records (None: unknown)
+
+    @property
+    def pending(self) -> bool:
+        """Whether the store still holds live records of a previous selection."""
+        return sweep.pending(self.held_selection, self.stats.scope)
+
+
+def _execute(job: _Job, run: RunOptions, plan: Plan, ident: Identify, local_start: datetime,
+             on_page: OnPage | None) -> str | None:
+    """Execute `plan`: the pages, the next since, then the reconcile and sweeps after the
+    lists. Returns the selection to record (see `_sweep`)."""
+    h, client, stats, logger = job.h, job.client, job.stats, job.logger
+    for level, note in plan.notes:
+        getattr(logger, level)(note)
+    _start(stats, plan, ident.response_date)
+    seen: set[str] | None = (set() if job.pending and plan.mode is PlanMode.FULL
+                             and not run.reconcile else None)
+    skipped = client.stats.skipped_headers
+    _store_pages(_pages(client, h, plan, stats, logger), job.store, h, job.run_id,
+                 job.transform, stats, plan, on_page, logger, job.started, job.validate, seen)
+    _decide_next_since(stats, plan, ident.earliest_datestamp, local_start,
+                       oai_ids=bool(run.oai_ids), until=run.until_dt() is not None)
+    if client.stats.skipped_headers > skipped and seen is not None:
+        logger.warning("the harvest skipped headers it could not read: the records of "
+                       "the previous selection are swept by a later full harvest")
+        seen = None
+    return _after_lists(client, h, job.store, run, stats, seen, job.run_id, logger,
+                        transform=job.transform, validate=job.validate,
+                        held=job.held_selection)
+
+
+def _close(job: _Job, *, ok: bool, keeps: Any, selection: str | None, own_client: bool
+           ) -> None:
+    """The client's counts into the statistics, the lease released (recording the
+    selection on success), the client closed when the harvest opened it."""
+    stats, cs = job.stats, job.client.stats
+    stats.requests, stats.retries = cs.requests, cs.retries
+    stats.bytes, stats.stripped_chars = cs.bytes_received, cs.stripped_chars
+    stats.duration = time.perf_counter() - job.started
+    job.store.release(job.h.id, job.run_id, succeeded=ok, keep=keeps,
+                      selection=selection if ok else None)
+    if own_client:
+        job.client.close()
 
 
 def _full_when_pending(run: RunOptions, h: Harvester, pending: bool, logger: Any
@@ -512,7 +579,7 @@ def _checked(fn: Callable[..., Any], *args: Any) -> Any:
 
 def _start(stats: HarvestStats, plan: Plan, response_date: datetime) -> None:
     """The statistics a plan decides before the first page."""
-    stats.mode = plan.mode
+    stats.mode = plan.mode.value  # a plain str: Dagster's metadata serializes no enum
     stats.granularity = plan.granularity.value
     stats.response_date = format_datestamp(response_date, plan.granularity)
     stats.since, stats.until = plan.since, plan.until
@@ -529,35 +596,8 @@ def _store_pages(
     """The page loop: prepare each page (hashes, rows, transform, validation) here while the
     committer commits the previous one with its checkpoint; count, log and report each
     page once committed. `seen` (when given) collects every identifier delivered."""
-    logged = 0.0
-
-    def committed(page: Page, prepared: PreparedPage) -> None:
-        nonlocal logged
-        stats.counts.add(prepared.counts)
-        stats.pages += 1
-        rt = page.resumption_token
-        if rt is not None and rt.complete_list_size is not None and not plan.windowed:
-            stats.complete_list_size = rt.complete_list_size  # a window's is partial
-        elapsed = time.perf_counter() - started
-        event = Progress(
-            pages=stats.pages, records=stats.records,
-            rate=stats.records / elapsed if elapsed else 0.0,
-            cursor=rt.cursor if rt else None,
-            complete_list_size=stats.complete_list_size, token=page.token,
-        )
-        if stats.pages == 1 or page.token is None or elapsed - logged >= LOG_EVERY:
-            logged = elapsed
-            logger.info(
-                "page %d: %d records so far (%.0f/s)%s", event.pages, event.records,
-                event.rate, f", cursor {event.cursor} of {event.complete_list_size}"
-                if event.cursor is not None else "",
-            )
-        if on_page is not None:
-            on_page(event)
-
-    def commit(item: tuple[Page, PreparedPage, dict[str, Any] | None]) -> None:
-        commit_page(store, h.id, item[1], run_id=run_id, checkpoint=item[2])
-
+    report = _Report(stats, not plan.windowed, on_page, logger, started)
+    commit = functools.partial(_commit, store, h.id, run_id)
     with Committer(commit) as committer:
         for page, cp in pages:
             if seen is not None:
@@ -567,9 +607,50 @@ def _store_pages(
                                     transformer=h.transformer, validate=validate)
             for done, ready, _ in committer.submit(
                     (page, prepared, None if cp is None else cp.to_json())):
-                committed(done, ready)
+                report.committed(done, ready)
         for done, ready, _ in committer.finish():
-            committed(done, ready)
+            report.committed(done, ready)
+
+
+def _commit(store: Store, harvester_id: str, run_id: str,
+            item: tuple[Page, PreparedPage, dict[str, Any] | None]) -> None:
+    """Commit one prepared page with its checkpoint (in the committer's thread)."""
+    commit_page(store, harvester_id, item[1], run_id=run_id, checkpoint=item[2])
+
+
+class _Report:
+    """Each committed page into the statistics, the log (the first and last page, and
+    one every `LOG_EVERY` seconds between) and `on_page`. `whole_lists`: a page's
+    completeListSize is the harvest's (not a window's part)."""
+
+    def __init__(self, stats: HarvestStats, whole_lists: bool, on_page: OnPage | None,
+                 logger: Any, started: float) -> None:
+        self.stats, self.whole_lists, self.on_page = stats, whole_lists, on_page
+        self.logger, self.started, self.logged = logger, started, 0.0
+
+    def committed(self, page: Page, prepared: PreparedPage) -> None:
+        stats = self.stats
+        stats.counts.add(prepared.counts)
+        stats.pages += 1
+        rt = page.resumption_token
+        if rt is not None and rt.complete_list_size is not None and self.whole_lists:
+            stats.complete_list_size = rt.complete_list_size  # a window's is partial
+        elapsed = time.perf_counter() - self.started
+        records, token = stats.records, page.token
+        event = Progress(
+            pages=stats.pages, records=records, rate=records / elapsed if elapsed else 0.0,
+            cursor=rt.cursor if rt else None,
+            complete_list_size=stats.complete_list_size, token=token,
+        )
+        if stats.pages == 1 or token is None or elapsed - self.logged >= LOG_EVERY:
+            self.logged = elapsed
+            self.logger.info(
+                "page %d: %d records so far (%.0f/s)%s", event.pages, event.records,
+                event.rate, f", cursor {event.cursor} of {event.complete_list_size}"
+                if event.cursor is not None else "",
+            )
+        if self.on_page is not None:
+            self.on_page(event)
 
 
 def _pages(
@@ -606,7 +687,7 @@ def _decide_next_since(
     decided = incremental.next_since(
         plan.list_start, plan.granularity, previous=plan.since_in_force, now=local_start,
         earliest=earliest,
-        resumed_start=plan.resumed_list_start if stats.mode == "resumed" else None)
+        resumed_start=plan.resumed_list_start if plan.mode is PlanMode.RESUMED else None)
     reasons = []
     if oai_ids:
         reasons.append("it fetched chosen identifiers only")
@@ -635,11 +716,12 @@ def _sequential(
         if tally is None or "resumptionToken" not in page.params:
             tally = ListTally.start(set_spec, page)
         tally.add(page)
-        if page.token is None:
+        token = page.token
+        if token is None:
             _judge(tally, stats, logger)
             tally = None
-        cp = None if page.token is None else ListCheckpoint(
-            page.token, set_spec, h.metadata_prefix, plan.since, plan.until,
+        cp = None if token is None else ListCheckpoint(
+            token, set_spec, h.metadata_prefix, plan.since, plan.until,
             plan.checkpoint_start, delivered, records)
         yield page, cp
 
@@ -668,7 +750,7 @@ def _windowed(
     assert plan.windows is not None and plan.window_range is not None
     gran = plan.granularity
     units: dict[str, WindowState] = {u.key: replace(u) for u in plan.windows}
-    if plan.mode == "resumed":
+    if plan.mode is PlanMode.RESUMED:
         logger.info("resuming the interrupted windowed harvest: %d of %d windows done",
                     sum(u.done for u in units.values()), len(units))
     start, end = plan.window_range

@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oaipmh_dagster.oai import Granularity, OAIClient, Page
+from oaipmh_dagster.stopping import Stop
 from oaipmh_dagster.windows import WindowState, split
 
 SPLIT_PAGES = 10
 MAX_SPLIT = 128
 MAX_DEPTH = 6
+JOIN_AFTER_STOP = 30.0  # seconds each worker gets to end once stopped
 
 
 @dataclass
@@ -44,97 +46,118 @@ def harvest_windows(
     """Fetch every unfinished unit with `workers` threads; yield events in arrival order.
 
     Raises the first worker error after stopping the others."""
-    todo: deque[WindowState] = deque(u for u in units if not u.done)
-    lock = threading.Lock()
-    out: queue.Queue[Event] = queue.Queue(maxsize=max(2, workers * 2))
-    stop = threading.Event()
-    active = [0]
-    errors: list[BaseException] = []
+    pool = _Pool(client, metadata_prefix, units, workers=workers, granularity=granularity,
+                 split_pages=split_pages)
+    return pool.events()
 
-    def put(event: Event) -> None:
-        while not stop.is_set():
-            try:
-                out.put(event, timeout=0.2)
-                return
-            except queue.Full:
-                continue
-        raise _Stop
 
-    def run_unit(u: WindowState) -> None:
+class _Pool:
+    """The worker threads of one windowed harvest and the queue of their events."""
+
+    def __init__(self, client: OAIClient, metadata_prefix: str, units: list[WindowState], *,
+                 workers: int, granularity: Granularity, split_pages: int) -> None:
+        self.client = client
+        self.metadata_prefix = metadata_prefix
+        self.workers = workers
+        self.granularity = granularity
+        self.split_pages = split_pages
+        self.todo: deque[WindowState] = deque(u for u in units if not u.done)
+        self.lock = threading.Lock()
+        self.out: queue.Queue[Event] = queue.Queue(maxsize=max(2, workers * 2))
+        self.stop = Stop()
+        self.active = 0
+        self.errors: list[BaseException] = []
+
+    def events(self) -> Iterator[Event]:
+        """Start the workers; the events as they come; stop the workers on leaving."""
+        threads = [threading.Thread(target=self.worker, name=f"oai-window-{i}", daemon=True)
+                   for i in range(self.workers)]
+        for t in threads:
+            t.start()
+        try:
+            while True:
+                if self.errors:
+                    raise self.errors[0]
+                try:
+                    event = self.out.get(timeout=0.2)
+                except queue.Empty:
+                    if not any(t.is_alive() for t in threads) and self.out.empty():
+                        if self.errors:
+                            raise self.errors[0] from None
+                        return
+                    continue
+                yield event
+        finally:
+            # Stopped early (an error, Ctrl-C): end the workers' requests and back-off
+            # waits instead of waiting for a slow server.
+            self.stop.end(threads, timeout=JOIN_AFTER_STOP, cancel=self.client.cancel)
+
+    def put(self, event: Event) -> None:
+        """Hand `event` to the consumer; `_Stop` once the harvest stops."""
+        if not self.stop.put(self.out, event):
+            raise _Stop
+
+    def run_unit(self, u: WindowState) -> None:
         """Page through `u` (from its checkpointed token, if any: the client restarts the
         window from its bounds when the server rejects it); the window's first page,
         before any other went out, may split it instead."""
-        start_from, end = u.window.bounds(granularity)
+        start_from, end = u.window.bounds(self.granularity)
         first = True
-        for page in client.iter_pages("ListRecords", metadata_prefix=metadata_prefix,
-                                      set_spec=u.window.set_spec, from_=start_from, until=end,
-                                      resumption_token=u.token):
+        for page in self.client.iter_pages(
+                "ListRecords", metadata_prefix=self.metadata_prefix,
+                set_spec=u.window.set_spec, from_=start_from, until=end,
+                resumption_token=u.token):
             first = first and "resumptionToken" not in page.params
-            if first and page.token and u.depth < MAX_DEPTH:
-                pieces = _pieces(page, split_pages, u.depth, workers)
-                if pieces > 1:
-                    parts = split(u.window, pieces, granularity)
-                    if len(parts) > 1:
-                        new = [WindowState(w, w.key(granularity), depth=u.depth + 1) for w in parts]
-                        with lock:
-                            todo.extendleft(reversed(new))
-                        put(Event(u, split_into=new))
-                        return
+            if first and page.token and u.depth < MAX_DEPTH and self.split(u, page):
+                return
             first = False
-            put(Event(u, page=page))
-            if stop.is_set():
+            self.put(Event(u, page=page))
+            if self.stop.is_set():
                 raise _Stop
 
-    def worker() -> None:
+    def split(self, u: WindowState, page: Page) -> bool:
+        """Cut `u` into smaller windows queued first when its first page says it is
+        long; whether it was cut."""
+        pieces = _pieces(page, self.split_pages, u.depth, self.workers)
+        if pieces <= 1:
+            return False
+        parts = split(u.window, pieces, self.granularity)
+        if len(parts) <= 1:
+            return False
+        new = [WindowState(w, w.key(self.granularity), depth=u.depth + 1) for w in parts]
+        with self.lock:
+            self.todo.extendleft(reversed(new))
+        self.put(Event(u, split_into=new))
+        return True
+
+    def take(self) -> tuple[WindowState | None, bool]:
+        """The next unit to fetch (counted active; None when none is queued now), and
+        whether nothing more can come (nothing queued, no worker fetching)."""
+        with self.lock:
+            if not self.todo:
+                return None, self.active == 0
+            self.active += 1
+            return self.todo.popleft(), False
+
+    def worker(self) -> None:
         try:
-            while not stop.is_set():
-                with lock:
-                    if not todo:
-                        if active[0] == 0:
-                            return
-                        u = None
-                    else:
-                        u = todo.popleft()
-                        active[0] += 1
+            while not self.stop.is_set():
+                u, finished = self.take()
+                if finished:
+                    return
                 if u is None:
-                    stop.wait(0.05)
+                    self.stop.wait(0.05)
                     continue
                 try:
-                    run_unit(u)
+                    self.run_unit(u)
                 finally:
-                    with lock:
-                        active[0] -= 1
+                    with self.lock:
+                        self.active -= 1
         except _Stop:
             return
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-            errors.append(exc)
-            stop.set()
-
-    threads = [threading.Thread(target=worker, name=f"oai-window-{i}", daemon=True)
-               for i in range(workers)]
-    for t in threads:
-        t.start()
-    try:
-        while True:
-            if errors:
-                raise errors[0]
-            try:
-                event = out.get(timeout=0.2)
-            except queue.Empty:
-                if not any(t.is_alive() for t in threads) and out.empty():
-                    if errors:
-                        raise errors[0] from None
-                    return
-                continue
-            yield event
-    finally:
-        stop.set()
-        if any(t.is_alive() for t in threads):
-            # Stopped early (an error, Ctrl-C): end the workers' requests and back-off
-            # waits instead of waiting for a slow server.
-            client.cancel()
-        for t in threads:
-            t.join(timeout=30)
+            self.errors.append(exc)
+            self.stop.set()
 
 
 def _pieces(page: Page, split_pages: int, depth: int, workers: int) -> int:

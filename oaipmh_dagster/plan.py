@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime
+from enum import StrEnum
 from typing import Any
 
 from oaipmh_dagster import incremental
@@ -23,6 +24,27 @@ from oaipmh_dagster.windows import Window, WindowState
 
 class PlanError(OAIPMHDagsterError, RuntimeError):
     """The run's options cannot make a harvest (bad input: nothing was harvested)."""
+
+
+class PlanMode(StrEnum):
+    """What kind of harvest a plan is (its value is the `oai/mode` a run reports)."""
+
+    INCREMENTAL = "incremental"
+    FULL = "full"
+    OAI_IDS = "oai_ids"
+    RESUMED = "resumed"
+
+
+@dataclass(frozen=True)
+class SinceChoice:
+    """The since a run's caller resolved once the harvester's lease is held: `since`
+    (None: none), `full`, `overlap` (ask a little earlier: a since a run recorded) and
+    `source`, where a remembered since came from (None: the run's own, from its config)."""
+
+    since: str | None
+    full: bool = False
+    overlap: bool = False
+    source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +90,11 @@ class RunOptions:
 
     def set_specs(self, h: Harvester) -> list[str]:
         return list(h.sets if self.sets is None else self.sets)
+
+    def with_since(self, choice: SinceChoice) -> RunOptions:
+        """These options with the since the caller resolved."""
+        return replace(self, since=choice.since, full=choice.full, overlap=choice.overlap,
+                       since_source=choice.source)
 
 
 def until_datetime(value: str | date | datetime) -> datetime:
@@ -184,7 +211,7 @@ class Plan:
     server's granularity); `windows` is set for a parallel harvest, `resume` for a
     sequential one that continues a list; `notes` are warnings to log."""
 
-    mode: str  # incremental | full | oai_ids | resumed
+    mode: PlanMode
     granularity: Granularity
     sets: tuple[str, ...]
     covers_sets: bool
@@ -233,9 +260,9 @@ def make_plan(
         "since_in_force": in_force,
     }
     if run.oai_ids:
-        return Plan(mode="oai_ids", oai_ids=tuple(run.oai_ids), keeps=checkpoint or None,
+        return Plan(mode=PlanMode.OAI_IDS, oai_ids=tuple(run.oai_ids), keeps=checkpoint or None,
                     notes=_kept_note(_parsed(checkpoint, gran)), **base)
-    mode = "full" if since_dt is None else "incremental"
+    mode = PlanMode.FULL if since_dt is None else PlanMode.INCREMENTAL
     saved = _read_checkpoint(checkpoint, gran, notes)
     usable = saved if run.resume else None
     start = since_dt or ident.earliest_datestamp
@@ -244,7 +271,7 @@ def make_plan(
         windows = _resumed_windows(usable, h, base)
         if windows is not None:
             assert isinstance(saved, WindowedCheckpoint)
-            return Plan(mode="resumed", windows=windows, window_range=(start, end),
+            return Plan(mode=PlanMode.RESUMED, windows=windows, window_range=(start, end),
                         resumed_list_start=_when(saved.list_start), notes=tuple(notes),
                         **{**base, "checkpoint_start": saved.list_start})
         fresh = []
@@ -258,7 +285,7 @@ def make_plan(
         notes.append(("info", "the server gives no earliestDatestamp: harvesting sequentially"))
     resume = _resumed_list(usable, h, base)
     if resume is not None:
-        return Plan(mode="resumed", resume=resume, resumed_list_start=_when(resume.list_start),
+        return Plan(mode=PlanMode.RESUMED, resume=resume, resumed_list_start=_when(resume.list_start),
                     notes=tuple(notes), **{**base, "checkpoint_start": resume.list_start})
     keeps = _kept(saved, checkpoint, h, base, notes)
     return Plan(mode=mode, notes=tuple(notes), keeps=keeps, **base)

@@ -19,7 +19,7 @@ import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from oaipmh_dagster.lease import IsStale
 from oaipmh_dagster.store import (
@@ -349,59 +349,79 @@ def _row(
     """The row to upsert for one record (None when its content is unchanged); `done`
     holds its transform's outcome when the page was transformed in one batch."""
     deleted = rec.header.deleted
-    datestamp, errors, sets_json = key.datestamp, key.errors, key.sets_json
-    metadata = None if deleted else rec.metadata
-    digest: str | None = key.digest
     old = existing.get(identifier, _MISSING)
-    if old == digest:
+    if old == key.digest:
         counts.unchanged += 1
         return None
-    raw: str | None = None
-    meta_json: str | None = None
-    transformed_at: datetime | None = None
     if deleted:
         counts.deleted += 1
-        errors = []
+        live = _Live(None, None, None, [], key.digest)
     else:
         if old is _MISSING:
             counts.new += 1
         else:
             counts.updated += 1
-        raw = metadata.decode("utf-8") if metadata is not None else None
-        parsed = _parse_error(rec)
-        element = getattr(rec, "element", None)
-        if parsed:
-            errors = errors + parsed
-        else:
-            outcome = done.get(identifier)
-            meta, failed = outcome or _apply_transform(transform, raw, element)
-            meta_json, nul = _metadata_json(meta)
-            failed = failed + nul
-            if transform is not None and raw:
-                transformed_at = now
-            if failed:
-                errors = errors + failed
-                digest = None  # a failed transform is tried again next time
-        if errors:
-            counts.fail(identifier)
-        if validate is not None and raw and not parsed:
-            # Kept and not counted as failed: an invalid record is still stored, and
-            # its hash stays (validating the same content again says the same).
-            errors = errors + validate(raw, element)
+        live = _live(identifier, rec, key, transform, done, validate, now, counts)
     return {
         "harvester_id": harvester_id,
         "oai_identifier": identifier,
-        "datestamp": datestamp,
+        "datestamp": key.datestamp,
         "deleted": deleted,
-        "sets": sets_json,
-        "raw_xml": raw,
-        "metadata": meta_json,
-        "errors": json.dumps(errors) if errors else _NO_ERRORS,
+        "sets": key.sets_json,
+        "raw_xml": live.raw,
+        "metadata": live.meta_json,
+        "errors": json.dumps(live.errors) if live.errors else _NO_ERRORS,
         "harvested_at": now,
         "run_id": run_id,
-        "transformed_at": transformed_at,
-        "content_hash": digest,
+        "transformed_at": live.transformed_at,
+        "content_hash": live.digest,
     }
+
+
+class _Live(NamedTuple):
+    """What a live (not deleted) record's row holds besides its header."""
+
+    raw: str | None
+    meta_json: str | None
+    transformed_at: datetime | None
+    errors: list[dict[str, Any]]
+    digest: str | None  # None: a failed transform is tried again next time
+
+
+def _live(
+    identifier: str, rec: HarvestRecord, key: _Key, transform: Transform | None,
+    done: dict[str, tuple[Any, list[dict]]], validate: Validate | None, now: datetime,
+    counts: Counts,
+) -> _Live:
+    """A new or changed live record's raw XML, transformed metadata and errors (a
+    record with errors is counted as failed)."""
+    metadata = rec.metadata
+    raw = metadata.decode("utf-8") if metadata is not None else None
+    errors: list[dict[str, Any]] = list(key.errors)
+    digest: str | None = key.digest
+    meta_json: str | None = None
+    transformed_at: datetime | None = None
+    parsed = _parse_error(rec)
+    element = getattr(rec, "element", None)
+    if parsed:
+        errors = errors + parsed
+    else:
+        outcome = done.get(identifier)
+        meta, failed = outcome or _apply_transform(transform, raw, element)
+        meta_json, nul = _metadata_json(meta)
+        failed = failed + nul
+        if transform is not None and raw:
+            transformed_at = now
+        if failed:
+            errors = errors + failed
+            digest = None  # a failed transform is tried again next time
+    if errors:
+        counts.fail(identifier)
+    if validate is not None and raw and not parsed:
+        # Kept and not counted as failed: an invalid record is still stored, and
+        # its hash stays (validating the same content again says the same).
+        errors = errors + validate(raw, element)
+    return _Live(raw, meta_json, transformed_at, errors, digest)
 
 
 def retransform(

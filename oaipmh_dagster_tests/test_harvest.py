@@ -7,7 +7,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from oaipmh_dagster.demo.dataset import ServedRecord, make_dataset
-from oaipmh_dagster.harvest import HarvestError, RunOptions, harvest
+from oaipmh_dagster.harvest import (
+    HarvestError,
+    HarvestHooks,
+    PlanMode,
+    Progress,
+    RunOptions,
+    SinceChoice,
+    harvest,
+)
 from oaipmh_dagster.oai import ClientOptions, OAIError
 from oaipmh_dagster.registry import Harvester
 from oaipmh_dagster.store import Store
@@ -181,3 +189,39 @@ def picky(element):  # noqa: ANN001, ANN201 - a plugin transformer for the test 
     if digits and int(digits[-1]) % 2:
         raise ValueError("odd record")
     return {"ok": True}
+
+
+def test_hooks_resolve_since_after_the_lease_and_hear_each_page(database_url: str) -> None:
+    """One hooks object: since is resolved once the lease is held, each committed page
+    is reported; the older keyword arguments are the same hooks."""
+    ds = make_dataset(50, seed=3)
+    with OAIServer(ds, page_size=20) as srv:
+        store, h = Store(), _h(srv)
+        asked: list[bool] = []
+
+        def resolve() -> SinceChoice:
+            asked.append(store.state("t") is not None)  # the lease is held by now
+            return SinceChoice(None, full=True, source="since recorded by run r0")
+
+        heard: list[Progress] = []
+        stats = harvest(h, store, run_id="r1", options=FAST,
+                        hooks=HarvestHooks(resolve_since=resolve, on_page=heard.append))
+        assert asked == [True]
+        assert [p.pages for p in heard] == [1, 2, 3] and heard[-1].records == 50
+        assert (stats.mode, type(stats.mode)) == ("full", str)
+        old: list[Progress] = []
+        again = harvest(h, store, run_id="r2", options=FAST, on_page=old.append,
+                        since_after_lease=lambda: (None, True, False, None))
+        assert (again.mode, again.unchanged, len(old)) == ("full", 50, 3)
+
+
+def test_modes_and_since_sources_reach_dagster_as_plain_strings() -> None:
+    """Dagster's metadata and run tags serialize no enum: the enums' values go out."""
+    from oaipmh_dagster.dagster_parts.since import ResolvedSince, SinceSource
+
+    resolved = ResolvedSince("2024-01-01", SinceSource.RUN, overlap=True, origin="run 1a2b")
+    assert (resolved.source, type(resolved.source)) == ("run", str)
+    assert resolved.choice(False) == SinceChoice("2024-01-01", False, True,
+                                                 "since recorded by run 1a2b")
+    assert ResolvedSince(None, SinceSource.NONE).choice(False).full
+    assert [m.value for m in PlanMode] == ["incremental", "full", "oai_ids", "resumed"]

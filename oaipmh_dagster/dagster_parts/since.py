@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum, auto
+from enum import Enum, StrEnum, auto
 from typing import Any
 
 import dagster as dg
@@ -33,39 +33,63 @@ from oaipmh_dagster.contracts import (
 )
 from oaipmh_dagster.incremental import SinceState
 from oaipmh_dagster.oai import parse_user_datetime
+from oaipmh_dagster.plan import SinceChoice
 from oaipmh_dagster.registry import Harvester
 
-__all__ = ["SENSOR_NAME", "ResolvedSince", "current_state", "current_states", "parse_cursor",
-           "published_state", "resolve_since", "run_mode", "run_since", "set_since",
+__all__ = ["SENSOR_NAME", "ResolvedSince", "SinceSource", "current_state", "current_states",
+           "parse_cursor", "published_state", "resolve_since", "run_mode", "run_since",
+           "set_since",
            "since_observation", "since_report"]
 
 # How many newer materializations a resolution looks at past the last published since.
 _MATERIALIZATIONS = 20
 
 
+class SinceSource(StrEnum):
+    """Where a run's since came from (its value is the `oaipmh/since_source` tag and the
+    `oai/since_source` metadata)."""
+
+    RUN_CONFIG = "run_config"
+    FULL = "full"
+    RUN = "run"
+    OPERATOR = "operator"
+    NONE = "none"
+    SCOPE_CHANGED = "scope_changed"
+
+
 @dataclass(frozen=True)
 class ResolvedSince:
-    """The `since` of a run, where it came from, and what it means for the run."""
+    """The `since` of a run, where it came from (`kind`; `source` is its value, a plain
+    str for tags and metadata), and what it means for the run."""
 
     value: str | None
-    source: str  # run_config | full | run | operator | none | scope_changed
+    kind: SinceSource
     overlap: bool = False  # ask a little earlier (a since recorded by a run)
     stored: str | None = None  # the since in force for the harvester's selection
     note: str = ""
     origin: str = ""  # who recorded a stored since (e.g. "run 1a2b3c4d", "operator (...)")
 
+    @property
+    def source(self) -> str:
+        """`kind` as a plain str (Dagster's tags and metadata serialize no enum)."""
+        return self.kind.value
+
     def label(self) -> str | None:
         """Where a remembered since came from, for the one rule's messages (None: the
         run's own since, from its run config)."""
-        if self.source == "run_config" or self.value is None:
+        if self.kind is SinceSource.RUN_CONFIG or self.value is None:
             return None
-        verb = "set by" if self.source == "operator" else "recorded by"
+        verb = "set by" if self.kind is SinceSource.OPERATOR else "recorded by"
         return f"since {verb} {self.origin or self.source}"
+
+    def choice(self, full: bool) -> SinceChoice:
+        """What the harvest takes from this resolution (`full`: the run config's)."""
+        return SinceChoice(self.value, full or self.value is None, self.overlap, self.label())
 
     def covers_stored(self) -> bool:
         """Whether a run from this since covers everything after the stored since (an
         explicit since later than the stored one leaves a gap)."""
-        if self.source != "run_config" or self.value is None:
+        if self.kind is not SinceSource.RUN_CONFIG or self.value is None:
             return True
         if self.stored is None:
             return False
@@ -209,16 +233,17 @@ def resolve_since(
     scope = incremental.scope(h.base_url, h.metadata_prefix, h.sets)
     stored, note = incremental.in_force(state, scope)
     if since:
-        return ResolvedSince(since, "run_config", stored=stored, note=note)
+        return ResolvedSince(since, SinceSource.RUN_CONFIG, stored=stored, note=note)
     if full:
-        return ResolvedSince(None, "full", stored=stored)
+        return ResolvedSince(None, SinceSource.FULL, stored=stored)
     if stored:
-        source = "operator" if state is not None and state.operator else "run"
-        return ResolvedSince(stored, source, overlap=source == "run", stored=stored,
+        kind = (SinceSource.OPERATOR if state is not None and state.operator
+                else SinceSource.RUN)
+        return ResolvedSince(stored, kind, overlap=kind is SinceSource.RUN, stored=stored,
                              origin=state.source if state is not None else "")
     if note:
-        return ResolvedSince(None, "scope_changed", note=note)
-    return ResolvedSince(None, "none")
+        return ResolvedSince(None, SinceSource.SCOPE_CHANGED, note=note)
+    return ResolvedSince(None, SinceSource.NONE)
 
 
 def run_mode(instance: dg.DagsterInstance, h: Harvester, raw_key: dg.AssetKey, *,

@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from oaipmh_dagster.stopping import Stop
+
 from ._deadline import CancelScope, bind_scope
 from ._options import LoggerLike
 from .errors import BadResumptionToken, NoRecordsMatch, OAIDataError
@@ -60,36 +62,51 @@ def follow_tokens(
         except BadResumptionToken as exc:
             if not token or restarted or not can_restart:
                 raise
-            restarted = True
-            whose = "the checkpoint's resumptionToken" if first else "resumptionToken"
-            log.warning(
-                f"{whose} {token!r} was rejected "
-                f"({exc.server_message or 'badResumptionToken'}); "
-                f"restarting the list from its original arguments at {url_for(args)}"
-            )
-            token, loops, empty = None, LoopDetector(), 0
+            _restarting(log, exc, token, first, url_for(args))
+            token, loops, empty, restarted = None, LoopDetector(), 0, True
             continue
         first = False
         yield item, rt
         if rt is None or not rt.token:
             return
-        if rt.token == token or loops.repeated(rt.token):
-            raise OAIDataError(
-                "resumptionToken loop: the server sent a token it already sent",
-                url=url_for(params),
-                token=rt.token,
-            )
-        if count == 0:
-            empty += 1
-            if empty > max_empty_pages:
-                raise OAIDataError(
-                    f"{empty} pages in a row with a resumptionToken but no records",
-                    url=url_for(params),
-                    token=rt.token,
-                )
-        else:
-            empty = 0
+        empty = _checked_next(rt, token, count, empty, loops, max_empty_pages,
+                              url_for, params)
         token = rt.token
+
+
+def _restarting(log: logging.Logger | LoggerLike, exc: BadResumptionToken, token: str,
+                first: bool, url: str) -> None:
+    whose = "the checkpoint's resumptionToken" if first else "resumptionToken"
+    log.warning(
+        f"{whose} {token!r} was rejected "
+        f"({exc.server_message or 'badResumptionToken'}); "
+        f"restarting the list from its original arguments at {url}"
+    )
+
+
+def _checked_next(
+    rt: ResumptionToken, token: str | None, count: int, empty: int, loops: LoopDetector,
+    max_empty_pages: int, url_for: Callable[[dict[str, str]], str], params: dict[str, str],
+) -> int:
+    """The count of record-less pages in a row after a page of `count` records that
+    carries `rt`; raises on a token loop or too many record-less pages."""
+    assert rt.token
+    if rt.token == token or loops.repeated(rt.token):
+        raise OAIDataError(
+            "resumptionToken loop: the server sent a token it already sent",
+            url=url_for(params),
+            token=rt.token,
+        )
+    if count:
+        return 0
+    empty += 1
+    if empty > max_empty_pages:
+        raise OAIDataError(
+            f"{empty} pages in a row with a resumptionToken but no records",
+            url=url_for(params),
+            token=rt.token,
+        )
+    return empty
 
 
 _END = object()
@@ -131,7 +148,7 @@ class _Ahead:
         self._pages = pages
         self._asked = threading.Semaphore(0)
         self._done = threading.Event()
-        self._stopped = False
+        self.stopping = Stop()
         self._value: Any = _END
         self._error: BaseException | None = None
         self.thread = threading.Thread(
@@ -146,14 +163,14 @@ class _Ahead:
 
     def stop(self) -> None:
         """Let the thread end once the page it computes (if any) is done."""
-        self._stopped = True
+        self.stopping.set()
         self._asked.release()
 
     def _run(self, scope: CancelScope) -> None:
         bind_scope(scope)
         while True:
             self._asked.acquire()
-            if self._stopped:
+            if self.stopping.is_set():
                 return
             try:
                 self._value = next(self._pages, _END)
@@ -196,9 +213,9 @@ def prefetched(pages: Iterator[Page], parent: CancelScope) -> Iterator[Page]:
             yield page
     finally:
         ahead.stop()
-        if not finished:
-            scope.cancel()
-        ahead.thread.join(_JOIN_AFTER_CANCEL)  # at once unless a fetch ignores the cancel
+        # At once unless a fetch ignores the cancel.
+        ahead.stopping.end([ahead.thread], timeout=_JOIN_AFTER_CANCEL,
+                           cancel=None if finished else scope.cancel)
         parent.forget(scope)
         close = getattr(pages, "close", None)
         if close is not None and not ahead.thread.is_alive():

@@ -365,26 +365,9 @@ class Transport:
             retry_after: float | None = None
             try:
                 status, body, headers, shown = self._exchange(params, token)
-                if status in _RETRY_AFTER_STATUSES:
-                    retry_after = parse_retry_after(headers.get("retry-after"))
-                    reason = f"HTTP {status}"
-                    if retry_after is not None:
-                        reason += f" (Retry-After {headers.get('retry-after')})"
-                elif status in _BACKOFF_STATUSES:
-                    reason = f"HTTP {status}"
-                else:
-                    try:
-                        body = apply_http_charset(body, headers.get("content-type"))
-                        return handler(body, shown, status)
-                    except OAIDataError as exc:
-                        if status >= 400:
-                            raise OAIHTTPStatusError(
-                                f"HTTP {status} without an OAI-PMH response ({exc.message})",
-                                status_code=status,
-                                url=shown,
-                                token=token,
-                            ) from None
-                        raise
+                retry_after, reason = _retry_status(status, headers)
+                if reason is None:
+                    return _handled(handler, status, body, headers, shown, token)
             except OAIDataError as exc:
                 if not exc.retryable:
                     raise
@@ -397,26 +380,64 @@ class Transport:
             except (httpx.TransportError, httpx.DecodingError) as exc:
                 reason = f"{type(exc).__name__}: {exc}"
             if attempt >= self.options.max_retries:
-                attempts = attempt + 1
-                if isinstance(last_error, OAIDataError):
-                    raise OAIDataError(
-                        f"{last_error.message}; gave up after {attempts} attempts",
-                        url=shown,
-                        token=token,
-                        retryable=True,  # later, the page may come back whole
-                    )
-                raise OAITransportError(
-                    f"{reason}; gave up after {attempts} attempts", url=shown, token=token
-                )
-            if retry_after is not None:
-                wait = min(retry_after, self.options.retry_after_max)
-            else:
-                wait = self._backoff(attempt)
+                raise _gave_up(last_error, reason, attempt + 1, shown, token)
+            self._before_retry(attempt, reason, retry_after, shown, token)
             attempt += 1
-            self.stats.add(retries=1)
-            where = f"{shown}" + (f" (resumptionToken={token!r})" if token else "")
-            self.log.warning(
-                f"retry {attempt}/{self.options.max_retries} of {where} in {wait:.1f}s: {reason}"
-            )
-            self._wait(wait)
 
+    def _before_retry(self, attempt: int, reason: str, retry_after: float | None,
+                      shown: str, token: str | None) -> None:
+        """Count, log and wait out retry `attempt + 1`."""
+        if retry_after is not None:
+            wait = min(retry_after, self.options.retry_after_max)
+        else:
+            wait = self._backoff(attempt)
+        self.stats.add(retries=1)
+        where = f"{shown}" + (f" (resumptionToken={token!r})" if token else "")
+        self.log.warning(
+            f"retry {attempt + 1}/{self.options.max_retries} of {where} in {wait:.1f}s: {reason}"
+        )
+        self._wait(wait)
+
+
+def _retry_status(status: int, headers: httpx.Headers) -> tuple[float | None, str | None]:
+    """(Retry-After seconds, the reason to retry) of an HTTP status that asks for another
+    try; (None, None) for any other status."""
+    if status in _RETRY_AFTER_STATUSES:
+        retry_after = parse_retry_after(headers.get("retry-after"))
+        reason = f"HTTP {status}"
+        if retry_after is not None:
+            reason += f" (Retry-After {headers.get('retry-after')})"
+        return retry_after, reason
+    if status in _BACKOFF_STATUSES:
+        return None, f"HTTP {status}"
+    return None, None
+
+
+def _handled(handler: Callable[[bytes, str, int], T], status: int, body: bytes,
+             headers: httpx.Headers, shown: str, token: str | None) -> T:
+    """The handler's reading of an answer; a broken answer with an error status is that
+    status's error."""
+    try:
+        body = apply_http_charset(body, headers.get("content-type"))
+        return handler(body, shown, status)
+    except OAIDataError as exc:
+        if status >= 400:
+            raise OAIHTTPStatusError(
+                f"HTTP {status} without an OAI-PMH response ({exc.message})",
+                status_code=status,
+                url=shown,
+                token=token,
+            ) from None
+        raise
+
+
+def _gave_up(last_error: OAIError | None, reason: str, attempts: int, shown: str,
+             token: str | None) -> OAIError:
+    """The error of a request that failed `attempts` times."""
+    if isinstance(last_error, OAIDataError):
+        return OAIDataError(
+            f"{last_error.message}; gave up after {attempts} attempts", url=shown, token=token,
+            retryable=True,  # later, the page may come back whole
+        )
+    return OAITransportError(f"{reason}; gave up after {attempts} attempts", url=shown,
+                             token=token)

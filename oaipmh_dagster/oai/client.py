@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -35,8 +36,8 @@ from .models import (
 from .parse import (
     parse_get_record,
     parse_identify,
+    parse_list_page,
     parse_metadata_formats,
-    parse_record_list,
     parse_sets,
     read_envelope,
 )
@@ -218,6 +219,28 @@ class OAIClient:
         """
         if verb not in LIST_VERBS:
             raise ValueError(f"iter_pages serves {' and '.join(LIST_VERBS)}, not {verb!r}")
+        args = self._list_args(verb, metadata_prefix, set_spec, from_, until)
+        if metadata_prefix is None and resumption_token is None:
+            raise ValueError(f"{verb} needs metadata_prefix (or a resumption_token)")
+        fetch = functools.partial(self._fetch_page, verb, args, metadata_prefix)
+        chain = self._follow(
+            fetch, verb, args, resumption_token, can_restart=metadata_prefix is not None
+        )
+        pages = (page for page, _ in chain)
+        if self.options.prefetch:
+            yield from prefetched(pages, self._transport.cancel_scope)
+        else:
+            yield from pages
+
+    def _list_args(
+        self,
+        verb: str,
+        metadata_prefix: str | None,
+        set_spec: str | None,
+        from_: datetime | date | str | None,
+        until: datetime | date | str | None,
+    ) -> dict[str, str]:
+        """A list's original arguments."""
         args: dict[str, str] = {"verb": verb}
         if metadata_prefix is not None:
             args["metadataPrefix"] = metadata_prefix
@@ -228,61 +251,40 @@ class OAIClient:
             args["from"] = from_text
         if until_text is not None:
             args["until"] = until_text
-        if metadata_prefix is None and resumption_token is None:
-            raise ValueError(f"{verb} needs metadata_prefix (or a resumption_token)")
+        return args
 
-        def fetch(params: dict[str, str], token: str | None) -> tuple[Page, ResumptionToken | None, int]:
-            def handle(body: bytes, url: str, status: int) -> Page:
-                env = read_envelope(body, url=url, token=token, logger=self.log)
-                records, rt, skipped = parse_record_list(env, verb, url=url, token=token)
-                if skipped:
-                    self.log.warning(
-                        f"skipped {skipped} header(s) without identifier or datestamp in {url}"
-                    )
-                if env.response_date is None:
-                    self.log.warning(f"no readable responseDate in {url}; using the local clock")
-                self.stats.add(pages=1, stripped_chars=env.stripped_chars, skipped_headers=skipped)
-                return Page(
-                    records=records,
-                    resumption_token=rt,
-                    response_date=env.response_date or datetime.now(UTC),
-                    request_url=url,
-                    verb=verb,
-                    params=dict(params),
-                    bytes=env.size,
-                    stripped_chars=env.stripped_chars,
-                    request_args=dict(args),
-                    skipped_headers=skipped,
-                )
-
-            try:
-                page = self._transport.call(params, token, handle)
-            except CannotDisseminateFormat as exc:
-                raise self._explain_format(exc, metadata_prefix) from None
-            except NoRecordsMatch as exc:
-                if token:
-                    raise
-                # An empty list: one empty page, so the caller still learns the
-                # server's responseDate.
-                page = Page(
-                    records=[],
-                    resumption_token=None,
-                    response_date=exc.response_date or datetime.now(UTC),
-                    request_url=exc.url or self.url_for(params),
-                    verb=verb,
-                    params=dict(params),
-                    request_args=dict(args),
-                )
-            return page, page.resumption_token, len(page.records)
-
-        chain = self._follow(
-            fetch, verb, args, resumption_token, can_restart=metadata_prefix is not None
-        )
-        pages = (page for page, _ in chain)
-        if self.options.prefetch:
-            yield from prefetched(pages, self._transport.cancel_scope)
+    def _fetch_page(
+        self,
+        verb: str,
+        args: dict[str, str],
+        metadata_prefix: str | None,
+        params: dict[str, str],
+        token: str | None,
+    ) -> tuple[Page, ResumptionToken | None, int]:
+        """One page of a list (`follow_tokens`' fetch): the page, its token, its records.
+        An empty list is one empty page, so the caller still learns the responseDate."""
+        parse = functools.partial(parse_list_page, verb=verb, params=params, args=args,
+                                  token=token, logger=self.log)
+        try:
+            page = self._transport.call(params, token, parse)
+        except CannotDisseminateFormat as exc:
+            raise self._explain_format(exc, metadata_prefix) from None
+        except NoRecordsMatch as exc:
+            if token:
+                raise
+            page = Page(
+                records=[],
+                resumption_token=None,
+                response_date=exc.response_date or datetime.now(UTC),
+                request_url=exc.url or self.url_for(params),
+                verb=verb,
+                params=dict(params),
+                request_args=dict(args),
+            )
         else:
-            yield from pages
+            self.stats.add(pages=1, stripped_chars=page.stripped_chars,
+                           skipped_headers=page.skipped_headers)
+        return page, page.resumption_token, len(page.records)
 
     def _explain_format(
         self, exc: CannotDisseminateFormat, prefix: str | None, identifier: str | None = None

@@ -17,12 +17,13 @@ from lxml import etree
 from ._xml import opening, parse_page
 from .datestamps import Granularity, parse_datestamp
 from .errors import DatestampError, OAIDataError, protocol_error
-from .models import Header, Identify, MetadataFormat, OAISet, Record, ResumptionToken
+from .models import Header, Identify, MetadataFormat, OAISet, Page, Record, ResumptionToken
 
 __all__ = [
     "Envelope",
     "parse_get_record",
     "parse_identify",
+    "parse_list_page",
     "parse_metadata_formats",
     "parse_record_list",
     "parse_sets",
@@ -234,6 +235,41 @@ def parse_record_list(
             elif child.tag == ns + "resumptionToken":
                 rt_el = child
     return records, _token(rt_el), skipped
+
+
+def parse_list_page(
+    body: bytes,
+    url: str,
+    status: int = 200,
+    *,
+    verb: str,
+    params: dict[str, str],
+    args: dict[str, str],
+    token: str | None = None,
+    logger: Any = None,
+) -> Page:
+    """One ListRecords or ListIdentifiers response as its page (asked with `params`, of
+    the list started with `args`); headers without identifier or datestamp are skipped
+    and counted, a missing responseDate becomes the local clock (a warning says each)."""
+    log = logger or _log
+    env = read_envelope(body, url=url, token=token, logger=log)
+    records, rt, skipped = parse_record_list(env, verb, url=url, token=token)
+    if skipped:
+        log.warning(f"skipped {skipped} header(s) without identifier or datestamp in {url}")
+    if env.response_date is None:
+        log.warning(f"no readable responseDate in {url}; using the local clock")
+    return Page(
+        records=records,
+        resumption_token=rt,
+        response_date=env.response_date or datetime.now(UTC),
+        request_url=url,
+        verb=verb,
+        params=dict(params),
+        bytes=env.size,
+        stripped_chars=env.stripped_chars,
+        request_args=dict(args),
+        skipped_headers=skipped,
+    )
 
 
 def parse_get_record(env: Envelope, *, url: str | None = None) -> Record:
