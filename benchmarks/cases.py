@@ -160,7 +160,7 @@ def _fmt_bytes(n: float) -> str:
 
 def _expected_digest(records: int) -> tuple[int, str]:
     """What a complete harvest of the benchmark data set must leave in the store."""
-    from oaipmh_dagster.store import utc_datestamp
+    from oaipmh_dagster.storage.store import utc_datestamp
 
     items = sorted((r.identifier, [utc_datestamp(r.datestamp), r.deleted, list(r.sets)])
                    for r in dataset_for(records))

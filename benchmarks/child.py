@@ -150,8 +150,8 @@ def _snapshot_digest(store: Any, harvester_id: str) -> tuple[int, str]:
 
 def stored(args: dict[str, Any]) -> dict[str, Any]:
     """How many records of a harvester the store holds, and their digest."""
-    from oaipmh_dagster import db
-    from oaipmh_dagster.store import Store
+    from oaipmh_dagster.storage import db
+    from oaipmh_dagster.storage.store import Store
 
     engine = db.get_engine(args["db"], migrate=False)
     n, digest = _snapshot_digest(Store(engine), args["id"])
@@ -160,7 +160,7 @@ def stored(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _harvester(args: dict[str, Any]) -> Any:
-    from oaipmh_dagster.registry import Harvester
+    from oaipmh_dagster.storage.registry import Harvester
 
     extra = {k: args[k] for k in ("transformer", "schema") if args.get(k)}
     return Harvester(id=args.get("id", "bench"), base_url=args["url"],
@@ -171,9 +171,9 @@ def _harvester(args: dict[str, Any]) -> Any:
 
 def harvest(args: dict[str, Any]) -> dict[str, Any]:
     """`harvest()` of one harvester into a fresh store (fetch + parse + store + transform)."""
-    from oaipmh_dagster import db
-    from oaipmh_dagster.harvest import harvest as run_harvest
-    from oaipmh_dagster.store import Store
+    from oaipmh_dagster.harvesting.harvest import harvest as run_harvest
+    from oaipmh_dagster.storage import db
+    from oaipmh_dagster.storage.store import Store
 
     engine = db.get_engine(args["db"])
     store = Store(engine)
@@ -201,10 +201,10 @@ def profile(args: dict[str, Any]) -> dict[str, Any]:
     from pyinstrument import Profiler
     from pyinstrument.renderers import ConsoleRenderer
 
-    from oaipmh_dagster import db
-    from oaipmh_dagster.harvest import client_options
-    from oaipmh_dagster.harvest import harvest as run_harvest
-    from oaipmh_dagster.store import Store
+    from oaipmh_dagster.harvesting.harvest import client_options
+    from oaipmh_dagster.harvesting.harvest import harvest as run_harvest
+    from oaipmh_dagster.storage import db
+    from oaipmh_dagster.storage.store import Store
 
     h = _harvester(args)
     options = client_options(h, prefetch=False)
@@ -258,11 +258,11 @@ def profile_job(args: dict[str, Any]) -> dict[str, Any]:
     from pyinstrument import Profiler
     from pyinstrument.renderers import ConsoleRenderer
 
-    from oaipmh_dagster import db
-    from oaipmh_dagster.dagster_parts.assets import op_name
     from oaipmh_dagster.definitions import build_definitions
-    from oaipmh_dagster.registry import Harvester, Registry
-    from oaipmh_dagster.store import Store
+    from oaipmh_dagster.defs.assets import op_name
+    from oaipmh_dagster.storage import db
+    from oaipmh_dagster.storage.registry import Harvester, Registry
+    from oaipmh_dagster.storage.store import Store
 
     engine = db.get_engine(args["db"])
     h = Registry(engine).add(Harvester(id="profile_job", base_url=args["url"],
@@ -298,11 +298,11 @@ def job(args: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     import dagster as dg
 
-    from oaipmh_dagster import db
-    from oaipmh_dagster.dagster_parts.assets import op_name
     from oaipmh_dagster.definitions import build_definitions
-    from oaipmh_dagster.registry import Harvester, Registry
-    from oaipmh_dagster.store import Store
+    from oaipmh_dagster.defs.assets import op_name
+    from oaipmh_dagster.storage import db
+    from oaipmh_dagster.storage.registry import Harvester, Registry
+    from oaipmh_dagster.storage.store import Store
 
     imported = time.perf_counter() - t0
     engine = db.get_engine(args["db"])
@@ -339,7 +339,7 @@ def harvesters(n: int, url: str = "http://127.0.0.1:9/oai",
                hour: int | None = None) -> list[Any]:
     """N harvesters with daily crons spread over the day, or all in `hour` (a bench that
     runs a scheduler daemon keeps every tick out of its measurement)."""
-    from oaipmh_dagster.registry import Harvester
+    from oaipmh_dagster.storage.registry import Harvester
 
     sets = ("publications", "datasets", "theses")
     return [Harvester(id=f"bench_{i:04d}", base_url=f"{url}{i % 37}", metadata_prefix="oai_dc",
@@ -405,12 +405,12 @@ def registry(args: dict[str, Any]) -> dict[str, Any]:
     """Fill a registry database with N harvesters (for the reload case)."""
     import sqlalchemy as sa
 
-    from oaipmh_dagster import db
-    from oaipmh_dagster.registry import harvester_table
+    from oaipmh_dagster.storage import db
+    from oaipmh_dagster.storage.registry import harvester_table
 
     engine = db.get_engine(args["db"])
     rows = harvesters(int(args["n"]), hour=args.get("hour"))
-    from oaipmh_dagster.registry import Registry
+    from oaipmh_dagster.storage.registry import Registry
 
     t0 = time.perf_counter()
     reg = Registry(engine)
@@ -432,7 +432,7 @@ def shard_snapshot(args: dict[str, Any]) -> dict[str, Any]:
     from dagster_shared.serdes import serialize_value
 
     from oaipmh_dagster.definitions import build_definitions, freeze_long_lived
-    from oaipmh_dagster.shards import DEFAULT_LOCATION, Shard
+    from oaipmh_dagster.operations.shards import DEFAULT_LOCATION, Shard
 
     n, k, index = int(args["n"]), int(args["k"]), int(args.get("index", 0))
     shard = Shard(index, k)

@@ -39,7 +39,7 @@ def _cli(checkout: Path | None) -> list[str]:
     """The command line of `oaipmh-dagster` (of another checkout when given)."""
     if checkout is None:
         return [str(Path(sys.executable).with_name("oaipmh-dagster"))]
-    return [sys.executable, "-c", "import sys; from oaipmh_dagster.cli import main; main()"]
+    return [sys.executable, "-c", "import sys; from oaipmh_dagster.cli.commands import main; main()"]
 
 
 def _check_imports_from(checkout: Path, env: dict[str, str]) -> None:

@@ -146,7 +146,7 @@ def _parts(t0: float, marks: dict[str, Any], visible: float) -> dict[str, float]
 def _add(b: Bench, url: str, env: dict[str, str], leader: int, new_id: str, k: int,
          tag: str) -> dict[str, Any]:
     """Add `new_id` through the CLI and time it until its job is listed."""
-    from oaipmh_dagster.shards import DEFAULT_LOCATION, Shard, shard_of
+    from oaipmh_dagster.operations.shards import DEFAULT_LOCATION, Shard, shard_of
 
     holder = Shard(shard_of(new_id, k), k).location_name() if k > 1 else DEFAULT_LOCATION
     job = JOB_PREFIX + new_id

@@ -25,10 +25,10 @@ from dagster._core.definitions.utils import check_valid_name
 from dagster._core.execution.with_resources import wrap_resources_for_execution
 
 from oaipmh_dagster.contracts import RAW_RECORDS, RECORDS, op_name
-from oaipmh_dagster.dagster_parts import assets as assets_mod
-from oaipmh_dagster.dagster_parts.jobs import run_tags
-from oaipmh_dagster.dagster_parts.listener import LISTENER_KEY
-from oaipmh_dagster.registry import Harvester
+from oaipmh_dagster.defs import assets as assets_mod
+from oaipmh_dagster.defs.jobs import run_tags
+from oaipmh_dagster.defs.listener import LISTENER_KEY
+from oaipmh_dagster.storage.registry import Harvester
 
 PATHS = ("public", "private", "multi_asset", "location_resolved")
 RESOURCE_KEYS = frozenset({"oaipmh_db", LISTENER_KEY})

@@ -30,7 +30,7 @@ from typing import Any
 from benchmarks.pages import ServerProcess
 
 _PACKAGE = "oaipmh_dagster"
-_OUTSIDE = ("oaipmh_dagster.demo", "oaipmh_dagster.migrations")
+_OUTSIDE = ("oaipmh_dagster.demo", "oaipmh_dagster.storage.migrations")
 
 
 def _ours(frame: FrameType | None) -> str | None:
@@ -94,9 +94,9 @@ def profiled() -> Iterator[Road]:
 
 
 def _harvest(url: str, pages: int) -> Road:
-    from oaipmh_dagster.harvest import harvest
-    from oaipmh_dagster.registry import Harvester
-    from oaipmh_dagster.store import Store
+    from oaipmh_dagster.harvesting.harvest import harvest
+    from oaipmh_dagster.storage.registry import Harvester
+    from oaipmh_dagster.storage.store import Store
 
     h = Harvester(id=f"road_{pages}_{uuid.uuid4().hex[:6]}", base_url=url,
                   metadata_prefix="oai_dc")
@@ -116,7 +116,7 @@ def measure(pages: int = 3) -> dict[str, Any]:
             _harvest(short.url, pages)  # warm: imports, caches
             a = _harvest(short.url, pages)
             b = _harvest(long.url, pages + 1)
-        from oaipmh_dagster.db import dispose_all
+        from oaipmh_dagster.storage.db import dispose_all
 
         dispose_all()
     edges = b.edges.copy()

@@ -48,10 +48,10 @@ def measure_location(per_location: int) -> dict[str, Any]:
     """One location's settled cursor and tick row, and the CPU of a quiet tick."""
     import dagster as dg
 
-    from oaipmh_dagster.dagster_parts import sensors
-    from oaipmh_dagster.dagster_parts.assets import asset_keys
-    from oaipmh_dagster.dagster_parts.since import set_since
-    from oaipmh_dagster.registry import Harvester
+    from oaipmh_dagster.defs import sensors
+    from oaipmh_dagster.defs.assets import asset_keys
+    from oaipmh_dagster.defs.since import set_since
+    from oaipmh_dagster.storage.registry import Harvester
 
     hs = [Harvester(id=f"repository_{i:09d}", base_url="http://127.0.0.1:9/oai",
                     metadata_prefix="oai_dc") for i in range(per_location)]
@@ -81,7 +81,7 @@ def _per_day(tick_bytes: int, interval: int) -> float:
 
 def case_sensor_footprint(b: Bench) -> None:
     """Case 10: bytes of since-sensor tick rows a day at 200 and 10,000 harvesters."""
-    from oaipmh_dagster.dagster_parts.sensors import SENSOR_INTERVAL_SECONDS
+    from oaipmh_dagster.defs.sensors import SENSOR_INTERVAL_SECONDS
 
     loc = measure_location(PER_LOCATION)
     b.raw["sensor_footprint"] = loc

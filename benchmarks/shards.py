@@ -190,7 +190,7 @@ def _add_to_visible(b: Bench, url: str, env: dict[str, str], holder: str,
 
 def _webserver(b: Bench, n: int, k: int) -> dict[str, Any]:
     """Start a webserver over K locations of N harvesters and measure it."""
-    from oaipmh_dagster.shards import DEFAULT_LOCATION, Shard, shard_of
+    from oaipmh_dagster.operations.shards import DEFAULT_LOCATION, Shard, shard_of
 
     work = b.tmp / f"shards-{n}-{k}"
     home = work / "home"
@@ -252,9 +252,9 @@ def _scheduler(b: Bench, n: int, k: int) -> dict[str, Any]:
                                        encoding="utf-8")
     db_url = f"sqlite:///{work / 'registry.sqlite'}"
     b.child("registry", {"db": db_url, "n": n}, timeout=1800)
-    from oaipmh_dagster import db
-    from oaipmh_dagster.registry import SHARDS_SETTING, Registry
-    from oaipmh_dagster.shards import workspace_yaml
+    from oaipmh_dagster.operations.shards import workspace_yaml
+    from oaipmh_dagster.storage import db
+    from oaipmh_dagster.storage.registry import SHARDS_SETTING, Registry
 
     Registry(db.get_engine(db_url)).set_setting(SHARDS_SETTING, str(k))  # as `workspace`
     workspace = work / "workspace.yaml"

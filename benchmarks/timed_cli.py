@@ -26,7 +26,8 @@ def _cpu() -> float:
 
 def _hook(marks: dict[str, Any]) -> None:
     """Time the registry write and the reload's GraphQL requests."""
-    from oaipmh_dagster import registry, reload
+    from oaipmh_dagster.operations import reload
+    from oaipmh_dagster.storage import registry
 
     add = registry.Registry.add
 
@@ -54,7 +55,7 @@ def _hook(marks: dict[str, Any]) -> None:
 def main() -> int:
     out, argv = sys.argv[1], sys.argv[2:]
     marks: dict[str, Any] = {"up": UP}
-    from oaipmh_dagster import cli
+    from oaipmh_dagster.cli import commands as cli
 
     marks["imported"] = time.monotonic()
     marks["modules"] = sorted(m for m in ("dagster", "httpx", "sqlalchemy")

@@ -12,7 +12,7 @@ JOB_PREFIX = "harvest_oaipmh_records_"
 # Dagster's implicit asset job (the asset graph's Materialize button, backfills).
 ASSET_JOB_PREFIX = "__ASSET_JOB"
 OP_PREFIX = "harvest_"
-# The op that evaluates a code location's asset checks (see dagster_parts/checks.py).
+# The op that evaluates a code location's asset checks (see defs/checks.py).
 CHECKS_OP = "oaipmh_checks"
 HOST_POOL_PREFIX = "oaipmh/host/"
 

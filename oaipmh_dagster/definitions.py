@@ -13,20 +13,20 @@ import warnings
 
 import dagster as dg
 
-from oaipmh_dagster import db
 from oaipmh_dagster.contracts import ROWS_KEY
-from oaipmh_dagster.dagster_parts._private import LoadContext
-from oaipmh_dagster.dagster_parts.alerts import build_alert_sensor
-from oaipmh_dagster.dagster_parts.assets import build_harvester_assets
-from oaipmh_dagster.dagster_parts.checks import build_location_checks
-from oaipmh_dagster.dagster_parts.jobs import build_harvest_job
-from oaipmh_dagster.dagster_parts.listener import LISTENER_KEY, listener_resource
-from oaipmh_dagster.dagster_parts.manage import build_manage_job, hosts_manage_job, registry_asset
-from oaipmh_dagster.dagster_parts.resources import OAIPMHDatabase
-from oaipmh_dagster.dagster_parts.schedules import build_schedule
-from oaipmh_dagster.dagster_parts.sensors import build_since_sensor
-from oaipmh_dagster.registry import Harvester, InvalidRow, Registry, harvester_table
-from oaipmh_dagster.shards import InvalidShard, Shard, parse_location
+from oaipmh_dagster.defs._private import LoadContext
+from oaipmh_dagster.defs.alerts import build_alert_sensor
+from oaipmh_dagster.defs.assets import build_harvester_assets
+from oaipmh_dagster.defs.checks import build_location_checks
+from oaipmh_dagster.defs.jobs import build_harvest_job
+from oaipmh_dagster.defs.listener import LISTENER_KEY, listener_resource
+from oaipmh_dagster.defs.manage import build_manage_job, hosts_manage_job, registry_asset
+from oaipmh_dagster.defs.resources import OAIPMHDatabase
+from oaipmh_dagster.defs.schedules import build_schedule
+from oaipmh_dagster.defs.sensors import build_since_sensor
+from oaipmh_dagster.operations.shards import InvalidShard, Shard, parse_location
+from oaipmh_dagster.storage import db
+from oaipmh_dagster.storage.registry import Harvester, InvalidRow, Registry, harvester_table
 
 __all__ = ["ROWS_KEY", "build_definitions", "defs", "freeze_long_lived", "load_harvesters",
            "location_shard"]

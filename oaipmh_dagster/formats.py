@@ -28,7 +28,7 @@ class MetadataFormat:
 
     `name` is its built-in transformer's name and its shipped schema's name; `prefixes`
     (lower case) are the metadataPrefixes whose default transformer it is; `transformer`
-    is ``module:function``; `schema` a file in ``oaipmh_dagster/schemas/`` (None: none
+    is ``module:function``; `schema` a file in ``oaipmh_dagster/transform/schemas/`` (None: none
     shipped); `unwrap` the local names from a wrapper's root down to the element whose
     first child is the format's own element (``()``: never wrapped); `aliases` other
     names of the transformer; `schema_skips` prefixes the shipped schema does not
@@ -105,7 +105,7 @@ def transformer_ref(name: str) -> str | None:
 
 
 def shipped_schemas() -> dict[str, str]:
-    """Shipped schema name -> its file in ``oaipmh_dagster/schemas/``."""
+    """Shipped schema name -> its file in ``oaipmh_dagster/transform/schemas/``."""
     return {f.name: f.schema for f in FORMATS if f.schema is not None}
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from oaipmh_dagster import db
+from oaipmh_dagster.storage import db
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = REPO_ROOT.parent / "shared" / "oai-fixtures"
@@ -114,7 +114,7 @@ def _forget_dagster_state_storage() -> None:
     Until a test has imported Dagster there is nothing to forget (and no import to pay)."""
     if "dagster" not in sys.modules:
         return
-    from oaipmh_dagster.dagster_parts._private import forget_defs_state_storage
+    from oaipmh_dagster.defs._private import forget_defs_state_storage
 
     forget_defs_state_storage()
 
@@ -201,7 +201,7 @@ class Result:
 @pytest.fixture
 def run(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
     """The `oaipmh-dagster` command in this process."""
-    from oaipmh_dagster import cli
+    from oaipmh_dagster.cli import commands as cli
 
     def call(*argv: str) -> Result:
         capsys.readouterr()
@@ -246,10 +246,10 @@ def instance(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 SLOW_FOLDERS = ("browser", "e2e", "reliability")
 SLOW_MODULES = (
-    "test_alerts.py", "test_cli_list.py", "test_cli_pipes.py", "test_harvest.py",
-    "test_harvest_xslt.py", "test_job.py", "test_lineage.py", "test_manage.py",
-    "test_reconcile.py", "test_reshard.py", "test_run_mode.py", "test_schedule_mode.py",
-    "test_short_list.py", "test_since.py", "test_windows.py",
+    "defs/test_alerts.py", "cli/test_cli_list.py", "cli/test_cli_pipes.py", "harvesting/test_harvest.py",
+    "harvesting/test_harvest_xslt.py", "defs/test_job.py", "defs/test_lineage.py", "defs/test_manage.py",
+    "harvesting/test_reconcile.py", "defs/test_reshard.py", "defs/test_run_mode.py", "defs/test_schedule_mode.py",
+    "harvesting/test_short_list.py", "defs/test_since.py", "harvesting/test_windows.py",
     "validation/test_schema_check.py",
 )
 SLOW_TESTS = {
@@ -260,52 +260,52 @@ SLOW_TESTS = {
     "oai/test_deadline.py": ("test_slow_response_within_the_deadline_succeeds",
                              "test_trickling_response_fails_at_the_deadline"),
     "oai/test_paging.py": ("test_memory_bounded_one_page_at_a_time",),
-    "test_cli.py": ("test_add_loads_only_what_it_needs", "test_invalid_row",
+    "cli/test_cli.py": ("test_add_loads_only_what_it_needs", "test_invalid_row",
                     "test_list_and_show", "test_records_after_a_real_harvest",
                     "test_remove_confirmed_on_stdin", "test_remove_yes",
                     "test_update_checks_the_sets", "test_update_url_checks_the_kept_sets"),
-    "test_cli_errors.py": ("test_broken_database_in_a_process",
+    "cli/test_cli_errors.py": ("test_broken_database_in_a_process",
                            "test_failed_harvest_in_a_bare_home",
                            "test_failed_harvest_in_a_process", "test_failed_harvest_is_one_line",
                            "test_failed_harvest_verbose", "test_harvest_bad_run_config",
                            "test_harvest_overflowing_date_in_a_process"),
-    "test_cli_inspect.py": ("test_unreachable_endpoint_in_a_process",),
-    "test_cli_output.py": ("test_show_has_no_python_reprs",),
-    "test_cli_records.py": ("test_filters",),
-    "test_cli_xslt.py": ("test_add_stores_an_absolute_path",),
-    "test_definitions.py": ("test_dagster_definitions_validate_cli",
+    "cli/test_cli_inspect.py": ("test_unreachable_endpoint_in_a_process",),
+    "cli/test_cli_output.py": ("test_show_has_no_python_reprs",),
+    "cli/test_cli_records.py": ("test_filters",),
+    "cli/test_cli_xslt.py": ("test_add_stores_an_absolute_path",),
+    "defs/test_definitions.py": ("test_dagster_definitions_validate_cli",
                             "test_harvester_without_cron_has_stopped_schedule",
                             "test_names_per_harvester",
                             "test_reconstruction_uses_snapshot_not_registry"),
-    "test_demo_run.py": ("test_dagster_dev_does_not_warn_about_the_root_dagster_yaml",
+    "cli/test_demo_run.py": ("test_dagster_dev_does_not_warn_about_the_root_dagster_yaml",
                          "test_demo_prints_the_ui_line_after_it_answers",
                          "test_ui_line_waits_for_the_ui"),
     "test_deploy_configs.py": ("test_postgres_config_runs_a_job",
                                "test_retries_enable_the_daemon_that_launches_them",
                                "test_run_launcher_config_matches_its_class",
                                "test_shipped_dagster_yaml_concurrency_in_force"),
-    "test_op_retry.py": ("test_bad_retry_setting_fails_the_run_before_harvesting",
+    "defs/test_op_retry.py": ("test_bad_retry_setting_fails_the_run_before_harvesting",
                          "test_interrupt_is_not_retried", "test_no_retries_by_default_in_tests",
                          "test_protocol_error_fails_at_once",
                          "test_retries_stop_after_the_configured_count",
                          "test_transient_failure_is_retried_from_the_checkpoint"),
-    "test_export.py": ("test_export_onto_a_full_disk",
+    "operations/test_export.py": ("test_export_onto_a_full_disk",
                        "test_export_to_stdout_whose_reader_goes_away"),
     "test_formats.py": ("test_a_new_row_shows_in_the_help",),
-    "test_harvest_xslt_limits.py": ("test_a_hostile_record_fails_alone",),
+    "harvesting/test_harvest_xslt_limits.py": ("test_a_hostile_record_fails_alone",),
     "test_packaging.py": ("test_dg_check_defs_loads_the_harvesters",),
-    "test_profile.py": ("test_coverage_carried_over_when_a_run_changes_nothing",
+    "operations/test_profile.py": ("test_coverage_carried_over_when_a_run_changes_nothing",
                         "test_records_asset_profiles_a_sample_past_its_cap",
                         "test_records_materialization_carries_coverage"),
-    "test_private.py": ("test_execute_in_location_gives_the_run_its_remote_origin",
+    "defs/test_private.py": ("test_execute_in_location_gives_the_run_its_remote_origin",
                         "test_forget_defs_state_storage_lets_a_later_load_succeed",
                         "test_stored_schedule_statuses_one_running_state_wins"),
-    "test_registry.py": ("test_list_rows_keeps_rows_in_chunks_in_id_order",),
-    "test_schedule_stop.py": ("test_remove_without_webserver_stops_a_started_schedule",),
-    "test_shards.py": ("test_each_shard_location_loads_its_own_harvesters",),
-    "test_since_cursor.py": ("test_the_cursor_holds_at_most_64_bytes_per_harvester",
+    "storage/test_registry.py": ("test_list_rows_keeps_rows_in_chunks_in_id_order",),
+    "defs/test_schedule_stop.py": ("test_remove_without_webserver_stops_a_started_schedule",),
+    "operations/test_shards.py": ("test_each_shard_location_loads_its_own_harvesters",),
+    "defs/test_since_cursor.py": ("test_the_cursor_holds_at_most_64_bytes_per_harvester",
                              "test_an_empty_cursor_fills_every_entry_at_once"),
-    "test_since_dates.py": ("test_response_date_of_year_one_never_poisons_since",
+    "defs/test_since_dates.py": ("test_response_date_of_year_one_never_poisons_since",
                             "test_a_stored_since_before_earliest_is_asked_without_from",
                             "test_server_clock_minutes_ahead_loses_no_change",
                             "test_far_future_date_typed_into_the_cursor_is_refused",
@@ -314,14 +314,14 @@ SLOW_TESTS = {
                             "test_run_config_since_ahead_of_the_clock_fails_the_run",
                             "test_run_config_since_before_earliest_is_asked_without_from",
                             "test_until_day_on_a_seconds_server_through_run_config_and_cli"),
-    "test_sweep.py": ("test_max_delete_default_and_cli",
+    "harvesting/test_sweep.py": ("test_max_delete_default_and_cli",
                       "test_reconcile_against_a_broken_index_tombstones_nothing",
                       "test_reconcile_below_the_limit_is_unchanged",
                       "test_cli_holds_back_and_confirms",
                       "test_a_changed_set_sweeps_the_old_selection",
                       "test_a_changed_url_within_the_limit_sweeps_without_confirmation",
                       "test_a_resumed_harvest_of_the_new_selection_sweeps_on_the_next_full_run"),
-    "test_ui_launches.py": ("test_a_check_executes_alone_from_the_store",
+    "defs/test_ui_launches.py": ("test_a_check_executes_alone_from_the_store",
                             "test_materialize_from_the_graph_tags_the_run",
                             "test_a_run_of_two_harvesters_is_not_tagged_as_either",
                             "test_a_cli_run_shows_in_its_jobs_runs_tab",

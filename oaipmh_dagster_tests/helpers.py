@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oaipmh_dagster.registry import Harvester, Registry
+from oaipmh_dagster.storage.registry import Harvester, Registry
 
 
 def add_harvester(harvester_id: str, base_url: str, **fields: object) -> Harvester:
@@ -14,7 +14,7 @@ def add_harvester(harvester_id: str, base_url: str, **fields: object) -> Harvest
 
 def expected_snapshot(dataset, prefix: str = "oai_dc", sets: tuple[str, ...] = ()) -> dict:  # noqa: ANN001
     """identifier -> (datestamp, deleted, sets) of what a harvest of `dataset` must store."""
-    from oaipmh_dagster.store import utc_datestamp
+    from oaipmh_dagster.storage.store import utc_datestamp
 
     out = {}
     for rec in dataset:

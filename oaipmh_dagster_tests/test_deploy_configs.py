@@ -24,7 +24,7 @@ from dagster._core.instance.config import dagster_instance_config
 from dagster._serdes.config_class import class_from_code_pointer
 from dagster._utils import convert_dagster_submodule_name
 
-from oaipmh_dagster.shards import location_names
+from oaipmh_dagster.operations.shards import location_names
 from oaipmh_dagster_tests.conftest import PG_URL, REPO_ROOT, drop_database, require_postgres
 
 DEPLOY = REPO_ROOT / "deploy"

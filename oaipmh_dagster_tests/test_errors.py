@@ -14,10 +14,10 @@ from oaipmh_dagster.errors import OAIPMHDagsterError
 # per-record outcomes, sent to the harvest as messages) and the CLI's exit signals (its
 # click exceptions, a stdout that is closed or whose reader went away), which `main` ends.
 EXEMPT = {"oaipmh_dagster.demo.protocol.OAIError", "oaipmh_dagster.oai._deadline.DeadlineExceeded",
-          "oaipmh_dagster.cli.UsageProblem", "oaipmh_dagster.cli.Failure",
-          "oaipmh_dagster.parallel._Stop", "oaipmh_dagster.transform._xslt_worker.Refused",
-          "oaipmh_dagster.transform._xslt_worker.Failed", "oaipmh_dagster.cli._ReaderGone",
-          "oaipmh_dagster.cli_stdout.StdoutClosed"}
+          "oaipmh_dagster.cli.commands.UsageProblem", "oaipmh_dagster.cli.commands.Failure",
+          "oaipmh_dagster.harvesting.parallel._Stop", "oaipmh_dagster.transform._xslt_worker.Refused",
+          "oaipmh_dagster.transform._xslt_worker.Failed", "oaipmh_dagster.cli.commands._ReaderGone",
+          "oaipmh_dagster.cli.stdout.StdoutClosed"}
 
 
 def test_every_package_exception_is_under_the_root() -> None:

@@ -13,10 +13,12 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from oaipmh_dagster import admin, cli, db
-from oaipmh_dagster.dagster_parts import manage
+from oaipmh_dagster.cli import commands as cli
+from oaipmh_dagster.defs import manage
 from oaipmh_dagster.fields import Bounds, declared, tuning
-from oaipmh_dagster.registry import Harvester, InvalidHarvester, harvester_table
+from oaipmh_dagster.operations import admin
+from oaipmh_dagster.storage import db
+from oaipmh_dagster.storage.registry import Harvester, InvalidHarvester, harvester_table
 
 BASE = {"id": "fake", "base_url": "https://example.org/oai", "metadata_prefix": "oai_dc"}
 

@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 from lxml import etree
 
-from oaipmh_dagster import formats, registry, transform, validation
+from oaipmh_dagster import formats, transform
 from oaipmh_dagster.formats import FORMATS, MetadataFormat
+from oaipmh_dagster.storage import registry
+from oaipmh_dagster.transform import validation
 
 FAKE_NS = "urn:example:fake"
 FAKE_XSD = f"""<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema"
@@ -79,8 +81,8 @@ def test_derived_maps_of_the_shipped_rows() -> None:
 
 
 def test_help_texts_name_the_shipped_rows() -> None:
-    from oaipmh_dagster import cli
-    from oaipmh_dagster.dagster_parts import manage
+    from oaipmh_dagster.cli import commands as cli
+    from oaipmh_dagster.defs import manage
 
     assert formats.schema_prefixes_help() == (
         "oai_dc; datacite, oai_datacite, datacite4; marc21, marcxml")
@@ -148,8 +150,8 @@ def test_a_new_row_shows_in_the_help(tmp_path: Path) -> None:
         from oaipmh_dagster import formats
         from oaipmh_dagster_tests.test_formats import _fake_row
         formats.FORMATS = (*formats.FORMATS, _fake_row(Path({str(tmp_path / 'fake.xsd')!r})))
-        from oaipmh_dagster import cli
-        from oaipmh_dagster.dagster_parts import manage
+        from oaipmh_dagster.cli import commands as cli
+        from oaipmh_dagster.defs import manage
         out = CliRunner().invoke(cli.cli, ["harvester", "add", "--help"],
                                  terminal_width=1000).output
         desc = manage.AddHarvester.model_fields["validate_schema"].description

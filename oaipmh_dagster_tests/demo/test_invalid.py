@@ -8,15 +8,15 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from oaipmh_dagster import db
-from oaipmh_dagster.demo import run as demo_run
+from oaipmh_dagster.cli import demo as demo_run
 from oaipmh_dagster.demo.dataset import make_dataset
 from oaipmh_dagster.demo.invalid import INVALID_OAI_DC, add_invalid_records, invalid_records
-from oaipmh_dagster.profile import profile_store
-from oaipmh_dagster.registry import Harvester, Registry
-from oaipmh_dagster.store import Store
+from oaipmh_dagster.operations.profile import profile_store
+from oaipmh_dagster.storage import db
+from oaipmh_dagster.storage.registry import Harvester, Registry
+from oaipmh_dagster.storage.store import Store
 from oaipmh_dagster.transform.oai_dc import transform
-from oaipmh_dagster.validation import Validator
+from oaipmh_dagster.transform.validation import Validator
 
 # identifier -> a phrase of the schema's complaint
 WHY = {

@@ -22,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from oaipmh_dagster import db
+from oaipmh_dagster.storage import db
 from oaipmh_dagster_tests.conftest import PG_URL, REPO_ROOT, drop_database, require_postgres
 
 LOCATION = "oaipmh_dagster"

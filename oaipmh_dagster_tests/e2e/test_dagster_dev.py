@@ -23,15 +23,15 @@ from typing import Any
 
 import pytest
 
-from oaipmh_dagster.dagster_parts.assets import op_name
-from oaipmh_dagster.dagster_parts.jobs import SINCE_SOURCE_TAG, SINCE_TAG
-from oaipmh_dagster.dagster_parts.since import (
+from oaipmh_dagster.defs.assets import op_name
+from oaipmh_dagster.defs.jobs import SINCE_SOURCE_TAG, SINCE_TAG
+from oaipmh_dagster.defs.since import (
     ADVANCES_SINCE_KEY,
     NEXT_SINCE_KEY,
     SENSOR_NAME,
 )
 from oaipmh_dagster.demo.dataset import DAY, SECONDS, ServedRecord, make_dataset
-from oaipmh_dagster.registry import Registry
+from oaipmh_dagster.storage.registry import Registry
 from oaipmh_dagster_tests.e2e.conftest import (
     LOCATION,
     REPOSITORY,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from oaipmh_dagster.dagster_parts.assets import asset_keys
+from oaipmh_dagster.defs.assets import asset_keys
 from oaipmh_dagster.demo.dataset import SECONDS, make_dataset
 from oaipmh_dagster.demo.server import OAIServer, Reply, RequestInfo, RequestLog
 from oaipmh_dagster_tests.e2e.conftest import LOCATION, REPOSITORY, DagsterDev, wait_for

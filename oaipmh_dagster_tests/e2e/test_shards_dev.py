@@ -20,7 +20,7 @@ import pytest
 from oaipmh_dagster.contracts import JOB_PREFIX, SENSOR_NAME, job_name, op_name
 from oaipmh_dagster.demo.dataset import SECONDS, make_dataset
 from oaipmh_dagster.demo.server import OAIServer
-from oaipmh_dagster.shards import Shard, shard_of
+from oaipmh_dagster.operations.shards import Shard, shard_of
 from oaipmh_dagster_tests.e2e.conftest import (
     REPOSITORY,
     DagsterDev,

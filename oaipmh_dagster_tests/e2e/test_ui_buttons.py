@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from oaipmh_dagster.contracts import CHECK_COMPLETE, CHECK_NO_FAILED, HARVESTER_TAG, HOST_TAG
-from oaipmh_dagster.dagster_parts.assets import asset_keys
+from oaipmh_dagster.defs.assets import asset_keys
 from oaipmh_dagster.demo.dataset import SECONDS, make_dataset
 from oaipmh_dagster.demo.server import OAIServer
 from oaipmh_dagster_tests.e2e.conftest import LOCATION, REPOSITORY, DagsterDev

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from oaipmh_dagster.harvest import harvest
+from oaipmh_dagster.harvesting.harvest import harvest
 from oaipmh_dagster.oai import (
     ClientOptions,
     OAIClient,
@@ -28,8 +28,8 @@ from oaipmh_dagster.oai import (
     OAIProtocolError,
     OAITransportError,
 )
-from oaipmh_dagster.registry import Harvester
-from oaipmh_dagster.store import Store
+from oaipmh_dagster.storage.registry import Harvester
+from oaipmh_dagster.storage.store import Store
 
 from .conftest import LoopbackServer
 from .helpers import SleepRecorder, envelope, identify_xml

@@ -23,8 +23,8 @@ import sqlalchemy as sa
 
 from oaipmh_dagster.demo.dataset import make_dataset
 from oaipmh_dagster.oai import ClientOptions
-from oaipmh_dagster.registry import Harvester
-from oaipmh_dagster.store import Store
+from oaipmh_dagster.storage.registry import Harvester
+from oaipmh_dagster.storage.store import Store
 from oaipmh_dagster_tests.conftest import PG_URL, REPO_ROOT, require_postgres
 from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 

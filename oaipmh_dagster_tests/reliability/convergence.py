@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from oaipmh_dagster.demo.dataset import DAY, SECONDS, Dataset, ServedRecord, make_dataset
-from oaipmh_dagster.incremental import default_overlap
+from oaipmh_dagster.harvesting.incremental import default_overlap
 from oaipmh_dagster.oai import Granularity
-from oaipmh_dagster.store import Store, utc_datestamp
+from oaipmh_dagster.storage.store import Store, utc_datestamp
 
 Version = tuple[str, bool, tuple[str, ...], str | None]
 

@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterator
 import dagster as dg
 import pytest
 
-from oaipmh_dagster import db
 from oaipmh_dagster.demo.dataset import make_dataset
-from oaipmh_dagster.harvest import CredentialsError, harvest
-from oaipmh_dagster.registry import Harvester, InvalidHarvester, Registry, harvester_table
-from oaipmh_dagster.store import Store
+from oaipmh_dagster.harvesting.harvest import CredentialsError, harvest
+from oaipmh_dagster.storage import db
+from oaipmh_dagster.storage.registry import Harvester, InvalidHarvester, Registry, harvester_table
+from oaipmh_dagster.storage.store import Store
 from oaipmh_dagster_tests.conftest import Result
 from oaipmh_dagster_tests.helpers import add_harvester
 from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
@@ -98,7 +98,7 @@ def test_command_refuses_it_and_writes_nothing(database_url: str, server: OAISer
 
 def test_manage_harvesters_refuses_it(database_url: str, instance: dg.DagsterInstance,
                                       server: OAIServer) -> None:
-    from oaipmh_dagster_tests.test_manage import failure, launch
+    from oaipmh_dagster_tests.defs.test_manage import failure, launch
 
     add_harvester("keep", server.base_url)
     before = _rows()
@@ -146,7 +146,7 @@ def test_a_forced_row_fails_its_dagster_run_and_leaks_nothing(
     holds it."""
     from dagster._serdes import serialize_value
 
-    from oaipmh_dagster_tests.test_job import _run as run_job
+    from oaipmh_dagster_tests.defs.test_job import _run as run_job
 
     monkeypatch.setenv("OAIPMH_SECRET_ELSEWHERE", SECRET)
     add_harvester("forced", server.base_url)

@@ -43,13 +43,13 @@ from datetime import datetime
 import dagster as dg
 import pytest
 
-from oaipmh_dagster.dagster_parts import sensors
-from oaipmh_dagster.dagster_parts.assets import asset_keys, op_name
-from oaipmh_dagster.dagster_parts.since import current_state, resolve_since
 from oaipmh_dagster.definitions import build_definitions
+from oaipmh_dagster.defs import sensors
+from oaipmh_dagster.defs.assets import asset_keys, op_name
+from oaipmh_dagster.defs.since import current_state, resolve_since
 from oaipmh_dagster.oai import format_datestamp, parse_user_datetime
-from oaipmh_dagster.registry import Harvester, Registry
-from oaipmh_dagster.store import Store
+from oaipmh_dagster.storage.registry import Harvester, Registry
+from oaipmh_dagster.storage.store import Store
 from oaipmh_dagster_tests.helpers import add_harvester, expected_snapshot
 from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 from oaipmh_dagster_tests.oaiserver import RequestInfo
@@ -76,9 +76,9 @@ FAULTS = ("status", "reset", "truncate", "bad_token")
 
 CHILD = textwrap.dedent("""
     import sys
-    from oaipmh_dagster.harvest import RunOptions, harvest
-    from oaipmh_dagster.registry import Registry
-    from oaipmh_dagster.store import Store
+    from oaipmh_dagster.harvesting.harvest import RunOptions, harvest
+    from oaipmh_dagster.storage.registry import Registry
+    from oaipmh_dagster.storage.store import Store
 
     hid, run_id, since, overlap = sys.argv[1:5]
     run = RunOptions(since=since or None, full=not since, overlap=overlap == "1")

@@ -15,11 +15,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from oaipmh_dagster import db
 from oaipmh_dagster.demo.dataset import make_dataset
-from oaipmh_dagster.harvest import RunOptions, harvest
+from oaipmh_dagster.harvesting.harvest import RunOptions, harvest
 from oaipmh_dagster.oai import OAIDataError
-from oaipmh_dagster.store import HarvestInProgress, Store, utc_datestamp
+from oaipmh_dagster.storage import db
+from oaipmh_dagster.storage.store import HarvestInProgress, Store, utc_datestamp
 from oaipmh_dagster_tests.helpers import expected_snapshot
 from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 from oaipmh_dagster_tests.reliability.conftest import FAST, PAGE, RECORDS, assert_consistent
@@ -27,10 +27,10 @@ from oaipmh_dagster_tests.reliability.conftest import harvester as _h
 
 CHILD = textwrap.dedent("""
     import sys
-    from oaipmh_dagster.harvest import harvest
+    from oaipmh_dagster.harvesting.harvest import harvest
     from oaipmh_dagster.oai import ClientOptions
-    from oaipmh_dagster.registry import Harvester
-    from oaipmh_dagster.store import Store
+    from oaipmh_dagster.storage.registry import Harvester
+    from oaipmh_dagster.storage.store import Store
 
     h = Harvester(id="crash", base_url=sys.argv[1], metadata_prefix="oai_dc")
     harvest(h, Store(), run_id=sys.argv[2],

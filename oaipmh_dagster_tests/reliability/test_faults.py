@@ -20,7 +20,7 @@ import dagster as dg
 import pytest
 
 from oaipmh_dagster.demo.dataset import ServedRecord, make_dataset
-from oaipmh_dagster.harvest import HarvestStats, RunOptions, harvest
+from oaipmh_dagster.harvesting.harvest import HarvestStats, RunOptions, harvest
 from oaipmh_dagster.oai import (
     BadArgument,
     BadResumptionToken,
@@ -30,8 +30,8 @@ from oaipmh_dagster.oai import (
     OAIError,
     OAITransportError,
 )
-from oaipmh_dagster.registry import Harvester
-from oaipmh_dagster.store import Store
+from oaipmh_dagster.storage.registry import Harvester
+from oaipmh_dagster.storage.store import Store
 from oaipmh_dagster_tests.helpers import add_harvester, expected_snapshot
 from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 from oaipmh_dagster_tests.oaiserver import ManualClock
@@ -421,8 +421,8 @@ def test_failed_run_does_not_advance_since(database_url: str, server: OAIServer,
     """Through the Dagster job: a run that fails mid-list (a token loop) is a FAILURE run,
     leaves no raw_records materialization, keeps its checkpoint, and the since sensor's
     cursor stays at the last successful run; the next run resumes and advances it."""
-    from oaipmh_dagster_tests.test_job import _run as run_job
-    from oaipmh_dagster_tests.test_job import _tick_sensor
+    from oaipmh_dagster_tests.defs.test_job import _run as run_job
+    from oaipmh_dagster_tests.defs.test_job import _tick_sensor
 
     h = add_harvester("j", server.base_url)
     server.clock = lambda: datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)

@@ -19,9 +19,9 @@ import dagster as dg
 import pytest
 
 from oaipmh_dagster.demo.dataset import make_dataset
-from oaipmh_dagster.harvest import harvest
+from oaipmh_dagster.harvesting.harvest import harvest
 from oaipmh_dagster.oai import ClientOptions, OAITransportError
-from oaipmh_dagster.store import Store
+from oaipmh_dagster.storage.store import Store
 from oaipmh_dagster_tests.conftest import REPO_ROOT
 from oaipmh_dagster_tests.helpers import add_harvester, expected_snapshot
 from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
@@ -179,7 +179,7 @@ def _launch_run_worker(database_url: str, harvester_id: str) -> tuple[subprocess
     from dagster._serdes import serialize_value
 
     from oaipmh_dagster.definitions import build_definitions
-    from oaipmh_dagster.registry import Registry
+    from oaipmh_dagster.storage.registry import Registry
 
     job_name = f"harvest_oaipmh_records_{harvester_id}"
     repo = ReconstructableRepository.for_module("oaipmh_dagster.definitions", "defs",
@@ -243,9 +243,9 @@ def test_run_worker_stops_with_a_page_in_flight(
 
 WINDOWED_CHILD = textwrap.dedent("""
     import sys
-    from oaipmh_dagster.harvest import harvest
-    from oaipmh_dagster.registry import Harvester
-    from oaipmh_dagster.store import Store
+    from oaipmh_dagster.harvesting.harvest import harvest
+    from oaipmh_dagster.storage.registry import Harvester
+    from oaipmh_dagster.storage.store import Store
 
     h = Harvester(id="windows", base_url=sys.argv[1], metadata_prefix="oai_dc",
                   max_parallel=3)

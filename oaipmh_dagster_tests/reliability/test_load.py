@@ -14,12 +14,12 @@ import dagster as dg
 import pytest
 from dagster_graphql import DagsterGraphQLClient
 
-from oaipmh_dagster import db
-from oaipmh_dagster.dagster_parts.jobs import HARVESTER_TAG, HOST_TAG
+from oaipmh_dagster.defs.jobs import HARVESTER_TAG, HOST_TAG
 from oaipmh_dagster.demo.dataset import make_dataset
 from oaipmh_dagster.demo.server import OAIServer, RequestLog
-from oaipmh_dagster.registry import Harvester
-from oaipmh_dagster.store import Store
+from oaipmh_dagster.storage import db
+from oaipmh_dagster.storage.registry import Harvester
+from oaipmh_dagster.storage.store import Store
 from oaipmh_dagster_tests.helpers import add_harvester, expected_snapshot
 from oaipmh_dagster_tests.reliability.conftest import (
     DagsterDev,

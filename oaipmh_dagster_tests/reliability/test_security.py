@@ -22,13 +22,13 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from oaipmh_dagster import db
 from oaipmh_dagster.demo.dataset import ServedRecord, make_dataset
-from oaipmh_dagster.harvest import CredentialsError, HarvestError, RunOptions, harvest
+from oaipmh_dagster.harvesting.harvest import CredentialsError, HarvestError, RunOptions, harvest
+from oaipmh_dagster.harvesting.rows import write_page
 from oaipmh_dagster.oai import OAIClient, OAIDataError, OAIError, OAIHTTPStatusError
-from oaipmh_dagster.registry import Harvester, InvalidHarvester, Registry, harvester_table
-from oaipmh_dagster.rows import write_page
-from oaipmh_dagster.store import Store
+from oaipmh_dagster.storage import db
+from oaipmh_dagster.storage.registry import Harvester, InvalidHarvester, Registry, harvester_table
+from oaipmh_dagster.storage.store import Store
 from oaipmh_dagster_tests.helpers import add_harvester, expected_snapshot
 from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 from oaipmh_dagster_tests.reliability.conftest import FAST
@@ -274,7 +274,7 @@ def test_credentials_never_in_dagster_run(database_url: str, server: OAIServer,
     config, tag, materialization metadata, log message or failure of the event log."""
     from dagster._serdes import serialize_value
 
-    from oaipmh_dagster_tests.test_job import _run as run_job
+    from oaipmh_dagster_tests.defs.test_job import _run as run_job
 
     value = SECRETS["basic"][0]
     monkeypatch.setenv(AUTH_ENV, value)

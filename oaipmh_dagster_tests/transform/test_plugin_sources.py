@@ -18,9 +18,9 @@ from lxml import etree
 
 from oaipmh_dagster import transform
 from oaipmh_dagster.demo.dataset import make_dataset
-from oaipmh_dagster.harvest import harvest
-from oaipmh_dagster.registry import Harvester
-from oaipmh_dagster.store import Store
+from oaipmh_dagster.harvesting.harvest import harvest
+from oaipmh_dagster.storage.registry import Harvester
+from oaipmh_dagster.storage.store import Store
 from oaipmh_dagster.transform import (
     TransformError,
     available_transformers,
@@ -144,7 +144,7 @@ def test_command_refuses_it_and_writes_nothing(database_url: str,
 
 def test_manage_harvesters_refuses_it(database_url: str, monkeypatch: pytest.MonkeyPatch,
                                       instance: Any) -> None:
-    from oaipmh_dagster_tests.test_manage import failure, launch, rows
+    from oaipmh_dagster_tests.defs.test_manage import failure, launch, rows
 
     monkeypatch.delenv(ENV, raising=False)
     result = launch(instance, action="add", id="x", url="http://127.0.0.1:9/oai",
@@ -185,7 +185,7 @@ def test_a_listed_plugin_harvests(database_url: str, monkeypatch: pytest.MonkeyP
         result = run("harvester", "add", "p", "--url", srv.base_url, "--prefix", "oai_dc",
                      "--transformer", f"{HERE}:title_only", "--no-check")
         assert result.code == 0, result.err
-        from oaipmh_dagster.registry import Registry
+        from oaipmh_dagster.storage.registry import Registry
 
         store = Store()
         stats = harvest(Registry().get("p"), store, run_id="r1")

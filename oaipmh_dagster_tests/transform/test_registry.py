@@ -95,7 +95,7 @@ def test_available_transformers() -> None:
 )
 def test_default_transformer_for(prefix: str, expected: str) -> None:
     """The registry's prefix -> transformer map (the only one) names built-ins."""
-    from oaipmh_dagster.registry import default_transformer
+    from oaipmh_dagster.storage.registry import default_transformer
 
     assert default_transformer(prefix) == expected
     assert get_transformer(default_transformer(prefix))

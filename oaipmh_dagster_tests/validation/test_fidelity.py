@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from lxml import etree
 
-from oaipmh_dagster.validation import Validator
+from oaipmh_dagster.transform.validation import Validator
 from oaipmh_dagster_tests.conftest import FIXTURES
 
 REALWORLD = FIXTURES.parent / "oai-realworld"

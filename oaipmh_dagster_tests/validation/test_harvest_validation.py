@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 from oaipmh_dagster.demo.dataset import ServedRecord
-from oaipmh_dagster.harvest import harvest
+from oaipmh_dagster.harvesting.harvest import harvest
 from oaipmh_dagster.oai import ClientOptions
-from oaipmh_dagster.registry import Harvester
-from oaipmh_dagster.store import Store
+from oaipmh_dagster.storage.registry import Harvester
+from oaipmh_dagster.storage.store import Store
 from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 from oaipmh_dagster_tests.validation.served import FORMATS, MARC, T0, dataset, invalid
 

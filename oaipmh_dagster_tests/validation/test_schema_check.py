@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import dagster as dg
 
-from oaipmh_dagster.dagster_parts.assets import asset_keys, op_name
 from oaipmh_dagster.definitions import build_definitions
-from oaipmh_dagster.registry import Harvester
-from oaipmh_dagster.store import Store
+from oaipmh_dagster.defs.assets import asset_keys, op_name
+from oaipmh_dagster.storage.registry import Harvester
+from oaipmh_dagster.storage.store import Store
 from oaipmh_dagster_tests.helpers import add_harvester
 from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 from oaipmh_dagster_tests.validation.served import FORMATS, dataset, invalid

@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from oaipmh_dagster import db
-from oaipmh_dagster.admin import AdminError, add_harvester, update_harvester
-from oaipmh_dagster.dagster_parts.manage import (
+from oaipmh_dagster.defs.manage import (
     AddHarvester,
     ManageConfig,
     UpdateHarvester,
     apply,
 )
-from oaipmh_dagster.registry import Harvester, InvalidHarvester, Registry
-from oaipmh_dagster.validation import (
+from oaipmh_dagster.operations.admin import AdminError, add_harvester, update_harvester
+from oaipmh_dagster.storage import db
+from oaipmh_dagster.storage.registry import Harvester, InvalidHarvester, Registry
+from oaipmh_dagster.transform.validation import (
     SCHEMA_DIR,
     SHIPPED,
     SchemaError,
@@ -45,7 +45,7 @@ MINI = """<?xml version="1.0"?>
 
 @pytest.fixture(autouse=True)
 def _no_reload(monkeypatch: pytest.MonkeyPatch) -> None:
-    from oaipmh_dagster import reload
+    from oaipmh_dagster.operations import reload
 
     monkeypatch.setattr(reload, "reload_code_location", lambda **_: (True, "reloaded"))
 
@@ -198,7 +198,7 @@ def test_shipped_schemas_are_in_the_built_wheel(tmp_path: Path) -> None:
     (wheel,) = (tmp_path / "w").glob("*.whl")
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    code = ("import oaipmh_dagster, oaipmh_dagster.validation as v; "
+    code = ("import oaipmh_dagster, oaipmh_dagster.transform.validation as v; "
             f"assert oaipmh_dagster.__file__.startswith({str(site)!r}), oaipmh_dagster.__file__; "
             "[v.check_schema(n) for n in v.SHIPPED]; print(sorted(v.SHIPPED))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

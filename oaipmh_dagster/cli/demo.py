@@ -1,0 +1,264 @@
+"""`oaipmh-dagster demo`: the demo endpoint, the demo harvesters, one harvest, the UI."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from oaipmh_dagster.demo.dataset import make_dataset
+from oaipmh_dagster.demo.invalid import add_invalid_records
+from oaipmh_dagster.demo.server import OAIServer
+from oaipmh_dagster.storage import db
+from oaipmh_dagster.storage.registry import Harvester, HarvesterNotFound, Registry
+
+
+def demo_harvesters(base_url: str) -> tuple[Harvester, ...]:
+    """The harvesters the demo registers against its endpoint at ``base_url``."""
+    return (
+        Harvester(
+            id="demo",
+            base_url=base_url,
+            metadata_prefix="oai_dc",
+            cron="0 * * * *",
+            name="Demo repository (Dublin Core)",
+            schema="oai_dc",
+        ),
+        Harvester(
+            id="demo_datacite",
+            base_url=base_url,
+            metadata_prefix="datacite",
+            sets=("datasets",),
+            cron="30 2 * * *",
+            name="Demo repository, datasets (DataCite)",
+            enabled=False,
+        ),
+    )
+
+
+INSTANCE_YAML = """# Written by `oaipmh-dagster demo`: the repository's dagster.yaml without its
+# comments (SQLite storage under this directory, the run queue's limits, host pools).
+run_coordinator:
+  module: dagster.core.run_coordinator
+  class: QueuedRunCoordinator
+concurrency:
+  runs:
+    max_concurrent_runs: 8
+    tag_concurrency_limits:
+      - key: "oaipmh/harvester"
+        value: {applyLimitPerUniqueValue: true}
+        limit: 1
+      - key: "oaipmh/host"
+        value: {applyLimitPerUniqueValue: true}
+        limit: 2
+      - key: "oaipmh/mode"
+        value: "full"
+        limit: 4
+  pools:
+    default_limit: 2
+    granularity: op
+run_monitoring:
+  enabled: true
+  poll_interval_seconds: 30
+run_retries:
+  enabled: true
+  max_retries: 2
+  retry_on_asset_or_op_failure: false
+retention:
+  schedule:
+    purge_after_days: 90
+  sensor:
+    purge_after_days:
+      skipped: 2
+      failure: 90
+      success: 90
+telemetry:
+  enabled: false
+"""
+
+
+def ensure_instance_yaml(home: Path) -> None:
+    """Give $DAGSTER_HOME the shipped dagster.yaml (the repository's, else the built-in)."""
+    target = home / "dagster.yaml"
+    if target.exists():
+        return
+    shipped = Path.cwd() / "dagster.yaml"
+    if shipped.is_file():
+        shutil.copyfile(shipped, target)
+    else:
+        target.write_text(INSTANCE_YAML)
+
+
+def register_demo_harvesters(base_url: str, registry: Registry) -> list[Harvester]:
+    """Add (or point at `base_url`, with the demo's schema) the demo harvesters;
+    idempotent."""
+    out = []
+    for harvester in demo_harvesters(base_url):
+        try:
+            current = registry.get(harvester.id)
+            changes = {name: value for name, value in
+                       (("base_url", base_url), ("schema", harvester.schema))
+                       if getattr(current, name) != value}
+            if changes:
+                current = registry.update(harvester.id, **changes)
+            out.append(current)
+        except HarvesterNotFound:
+            out.append(registry.add(harvester))
+    return out
+
+
+def dagster_dev_command(port: int, home: Path) -> tuple[list[str], Path]:
+    """`dagster dev`'s command line and working directory: $DAGSTER_HOME, whose
+    dagster.yaml is the instance's. Started from the repository root instead, Dagster
+    would warn that the root's dagster.yaml is ignored (it is only used once copied into
+    $DAGSTER_HOME, which `ensure_instance_yaml` did)."""
+    cmd = [
+        str(Path(sys.executable).with_name("dagster")),
+        "dev",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(port),
+    ]
+    workspace = Path.cwd().resolve() / "workspace.yaml"
+    cmd += ["-w", str(workspace)] if workspace.is_file() else ["-m", "oaipmh_dagster.definitions"]
+    return cmd, home
+
+
+def dagster_dev_env(port: int) -> dict[str, str]:
+    """The environment of `dagster dev` and so of its runs: `manage_harvesters` and the
+    alerts' links reach this UI, on whatever port it was given."""
+    return {**os.environ, "OAIPMH_DAGSTER_WEBSERVER": f"http://127.0.0.1:{port}"}
+
+
+def _dagster_dev(port: int, home: Path) -> subprocess.Popen:
+    cmd, cwd = dagster_dev_command(port, home)
+    # Default signal handlers in the child: a shell that backgrounds us may have set
+    # SIGINT/SIGTERM to ignored, and dagster dev would inherit that.
+    return subprocess.Popen(cmd, cwd=cwd, env=dagster_dev_env(port),  # noqa: PLW1509
+                            start_new_session=True, preexec_fn=_default_signals)
+
+
+def _default_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def stop_group(proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    """End a process and everything it started (its own process group)."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+    except ProcessLookupError:
+        pass
+
+
+def port_in_use(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:`port` (a port left in TIME_WAIT is free:
+    servers bind with SO_REUSEADDR, as this probe does)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _busy(what: str, port: int, option: str, variable: str) -> str:
+    return (f"oaipmh-dagster: error: {what} port {port} on 127.0.0.1 is in use: choose "
+            f"another with {option} (make demo {variable}=...)")
+
+
+def wait_for_ui(url: str, proc: subprocess.Popen, poll: float = 0.5) -> bool:
+    """Wait until the UI at `url` answers (True), or until `proc` ends (False)."""
+    while proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{url}/server_info", timeout=2):  # noqa: S310 - loopback
+                return True
+        except (OSError, ValueError):
+            time.sleep(poll)
+    return False
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run_demo(
+    *, ui_port: int, oai_port: int, n_records: int, ui: bool, instance_factory: Callable[[], Any]
+) -> int:
+    """Set everything up, then serve until Ctrl-C (or SIGTERM); returns the exit code."""
+    from oaipmh_dagster.cli.runner import run_harvest_job
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    home = db.dagster_home()
+    home.mkdir(parents=True, exist_ok=True)
+    # Absolute: `dagster dev` runs in it, where a relative path would name another folder.
+    os.environ["DAGSTER_HOME"] = str(home)
+    ensure_instance_yaml(home)
+    # Before any harvest: a busy UI port would only show once `dagster dev` fails.
+    if ui and port_in_use(ui_port):
+        click.echo(_busy("the Dagster UI's", ui_port, "--port", "PORT"), err=True)
+        return 1
+    dataset = make_dataset(n_records, seed=1)
+    invalid = add_invalid_records(dataset)  # for the demo harvester's schema_valid check
+    server = OAIServer(dataset, port=oai_port)
+    try:
+        server.start()
+    except OSError as exc:
+        if oai_port and port_in_use(oai_port):
+            click.echo(_busy("the demo endpoint's", oai_port, "--oai-port", "OAI_PORT"),
+                       err=True)
+        else:
+            click.echo(f"oaipmh-dagster: error: cannot listen on 127.0.0.1:{oai_port}: {exc}",
+                       err=True)
+        return 1
+    proc = None
+    try:
+        click.echo(f"demo OAI-PMH endpoint: {server.base_url} ({n_records} records, plus "
+                   f"{invalid} whose oai_dc the oai_dc schema rejects)")
+        registry = Registry(db.get_engine())
+        for h in register_demo_harvesters(server.base_url, registry):
+            sets = f"set {', '.join(h.sets)}" if h.sets else "all sets"
+            click.echo(f"harvester {h.id}: {h.metadata_prefix}, {sets}")
+        instance = instance_factory()
+        for harvester in demo_harvesters(server.base_url):
+            ok, message = run_harvest_job(instance, harvester.id, {}, registry)
+            click.echo(message)
+            if not ok:
+                return 1
+        if not ui:
+            return 0
+        proc = _dagster_dev(ui_port, home)
+        url = f"http://127.0.0.1:{ui_port}"
+        click.echo("starting the Dagster UI ...")
+        if wait_for_ui(url, proc):
+            click.echo(f"Dagster UI: {url} (Ctrl-C stops everything)")
+        while proc.poll() is None:
+            time.sleep(0.5)
+        return proc.returncode or 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if proc is not None:
+            stop_group(proc)
+        server.stop()

@@ -1,0 +1,1 @@
+"""One harvest: plan, pages, commits, windows, reconcile and sweep (no Dagster import)."""
