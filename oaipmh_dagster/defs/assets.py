@@ -4,6 +4,7 @@ declared in `checks`; the harvester's own job evaluates them in this op."""
 
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import dagster as dg
@@ -52,6 +53,7 @@ from oaipmh_dagster.defs.resources import OAIPMHDatabase
 from oaipmh_dagster.defs.retry import retry_transient
 from oaipmh_dagster.defs.since import ResolvedSince, resolve_since, run_mode
 from oaipmh_dagster.harvesting import harvest as harvest_mod
+from oaipmh_dagster.harvesting.plan import SinceChoice
 from oaipmh_dagster.harvesting.rows import retransform
 from oaipmh_dagster.oai import Identify
 from oaipmh_dagster.storage.registry import Harvester
@@ -169,95 +171,124 @@ def run_harvest(
     """The op body: harvest (raw_records) and/or re-transform (records), then report; a
     sweep held back (see `sweep`) is reported with the rest, then fails the run."""
     h = oaipmh_db.harvester(harvester_id)
-    source_key, raw_key, records_key = asset_keys(h.id)
+    _, raw_key, records_key = asset_keys(h.id)
     selected = context.selected_asset_keys
     tag_run(context, h, config if raw_key in selected else None)
-    held = None
     store = Store(oaipmh_db.engine())
+    counts: dict[str, Any] | None = None
+    held = None
     if raw_key in selected:
-        reconcile = wants_reconcile(context.instance, context.dagster_run, h, config.reconcile)
-        instance, run_id = context.instance, context.run_id
-        resolved_box: list[ResolvedSince] = []
-
-        def since_after_lease() -> tuple[str | None, bool, bool, str | None]:
-            """Resolve since once the lease is held (after any harvest it waited for)."""
-            resolved = resolve_since(instance, h, since=config.since, full=config.full,
-                                     raw_key=raw_key)
-            resolved_box.append(resolved)
-            if resolved.note:
-                context.log.warning(resolved.note)
-            context.log.info(
-                "harvesting %s (%s, prefix %s, sets %s) since=%s (from %s%s) until=%s%s",
-                h.id, h.base_url, h.metadata_prefix, list(config.sets or h.sets) or "all",
-                resolved.value or "-", resolved.source,
-                ", asked with the harvester's overlap" if resolved.overlap else "",
-                config.until or "-",
-                f", {len(config.oai_ids)} identifiers" if config.oai_ids else "",
-            )
-            instance.add_run_tags(run_id, {
-                SINCE_TAG: resolved.value or "full", SINCE_SOURCE_TAG: resolved.source,
-                **({RECONCILE_TAG: "true"} if reconcile else {}),
-            })
-            return (resolved.value, config.full or resolved.value is None,
-                    resolved.overlap, resolved.label())
-
-        def is_stale(other_run: str | None) -> bool:
-            if other_run is None:
-                return True
-            record = instance.get_run_by_id(other_run)
-            return record is None or record.is_finished
-
-        listener: harvest_mod.Listener = getattr(context.resources, LISTENER_KEY)
-        run = harvest_mod.RunOptions(until=config.until, oai_ids=config.oai_ids,
-                                     sets=config.sets, reconcile=reconcile,
-                                     # a retry continues this run's own checkpoint
-                                     resume=config.resume or context.retry_number > 0,
-                                     allow_mass_delete=config.allow_mass_delete)
-
-        def harvest_once(on_identify: Callable[[Identify], None]) -> harvest_mod.HarvestStats:
-            try:
-                return harvest_mod.harvest(
-                    h, store, run, run_id=run_id, logger=context.log, is_stale=is_stale,
-                    on_page=listener.on_page, since_after_lease=since_after_lease,
-                    on_identify=on_identify,
-                )
-            except harvest_mod.MassDeleteHeldBack as exc:
-                return exc.stats  # reported like any harvest, then the run fails
-
-        stats = yield from observe_source(source_key, harvest_once)
-        if listener.on_finish is not None:
-            listener.on_finish(stats)
+        stats = yield from _harvest_raw(context, config, h, store)
         held = stats.held_back
-        resolved = resolved_box[0]
-        meta = {**raw_metadata(stats, resolved), **table_metadata(store, h.id)}
-        note = meta.get(SINCE_NOTE_KEY)
-        if note:
-            context.log.warning(str(note))
-        yield dg.MaterializeResult(asset_key=raw_key, metadata=meta)
-        log_own_checks(context, h, {CHECK_COMPLETE, CHECK_SCHEMA_VALID})
         counts = {"new": stats.new, "updated": stats.updated, "deleted": stats.deleted,
                   "failed": stats.failed, "failed_ids": stats.failed_ids}
-    else:
-        counts = None
     if records_key in selected:
-        if counts is None:
-            context.log.info("re-transforming the stored raw XML of %s with %s",
-                             h.id, h.transformer)
-            result = retransform(store, h.id, harvest_mod.make_transform(h.transformer),
-                                 run_id=context.run_id, logger=context.log,
-                                 validate=harvest_mod.make_validate(h))
-            counts = {"new": 0, "updated": result.updated, "failed": result.failed,
-                      "failed_ids": result.failed_ids}
-        unchanged = not (counts["new"] or counts["updated"] or counts.get("deleted"))
-        records_meta = records_metadata(
-            store, h, counts, run_id=context.run_id,
-            previous=latest_metadata(context.instance, records_key) if unchanged else None)
-        yield dg.MaterializeResult(asset_key=records_key, metadata=records_meta)
-        log_own_checks(context, h, {CHECK_NO_FAILED})
+        yield from _materialize_records(context, h, store, counts)
     if held is not None:
         context.log.error(held.message())
         raise dg.Failure(description=held.message(), metadata=held.metadata(),
                          allow_retries=False)
+
+
+def _harvest_raw(context: dg.AssetExecutionContext, config: HarvestConfig, h: Harvester,
+                 store: Store) -> Any:
+    """Harvest into the store, observing `source` from the Identify answer, and
+    materialize raw_records; returns the statistics (a sweep held back included)."""
+    source_key, raw_key, _ = asset_keys(h.id)
+    reconcile = wants_reconcile(context.instance, context.dagster_run, h, config.reconcile)
+    resolver = _SinceAtLease(context, config, h, reconcile)
+    listener: harvest_mod.Listener = getattr(context.resources, LISTENER_KEY)
+    hooks = harvest_mod.HarvestHooks(resolve_since=resolver,
+                                     is_stale=_stale_check(context.instance),
+                                     on_page=listener.on_page)
+    run = harvest_mod.RunOptions(until=config.until, oai_ids=config.oai_ids,
+                                 sets=config.sets, reconcile=reconcile,
+                                 # a retry continues this run's own checkpoint
+                                 resume=config.resume or context.retry_number > 0,
+                                 allow_mass_delete=config.allow_mass_delete)
+
+    def harvest_once(on_identify: Callable[[Identify], None]) -> harvest_mod.HarvestStats:
+        try:
+            return harvest_mod.harvest(h, store, run, run_id=context.run_id,
+                                       logger=context.log,
+                                       hooks=replace(hooks, on_identify=on_identify))
+        except harvest_mod.MassDeleteHeldBack as exc:
+            return exc.stats  # reported like any harvest, then the run fails
+
+    stats = yield from observe_source(source_key, harvest_once)
+    if listener.on_finish is not None:
+        listener.on_finish(stats)
+    assert resolver.resolved is not None  # the harvest resolves since before any list
+    meta = {**raw_metadata(stats, resolver.resolved), **table_metadata(store, h.id)}
+    note = meta.get(SINCE_NOTE_KEY)
+    if note:
+        context.log.warning(str(note))
+    yield dg.MaterializeResult(asset_key=raw_key, metadata=meta)
+    log_own_checks(context, h, {CHECK_COMPLETE, CHECK_SCHEMA_VALID})
+    return stats
+
+
+class _SinceAtLease:
+    """The harvest's `resolve_since` hook: resolves since once the lease is held (after
+    any harvest it waited for), logs and tags the run with it, and keeps it."""
+
+    def __init__(self, context: dg.AssetExecutionContext, config: HarvestConfig,
+                 h: Harvester, reconcile: bool) -> None:
+        self.context, self.config, self.h, self.reconcile = context, config, h, reconcile
+        self.resolved: ResolvedSince | None = None
+
+    def __call__(self) -> SinceChoice:
+        context, config, h = self.context, self.config, self.h
+        resolved = resolve_since(context.instance, h, since=config.since, full=config.full,
+                                 raw_key=asset_keys(h.id)[1])
+        self.resolved = resolved
+        if resolved.note:
+            context.log.warning(resolved.note)
+        context.log.info(
+            "harvesting %s (%s, prefix %s, sets %s) since=%s (from %s%s) until=%s%s",
+            h.id, h.base_url, h.metadata_prefix, list(config.sets or h.sets) or "all",
+            resolved.value or "-", resolved.source,
+            ", asked with the harvester's overlap" if resolved.overlap else "",
+            config.until or "-",
+            f", {len(config.oai_ids)} identifiers" if config.oai_ids else "",
+        )
+        context.instance.add_run_tags(context.run_id, {
+            SINCE_TAG: resolved.value or "full", SINCE_SOURCE_TAG: resolved.source,
+            **({RECONCILE_TAG: "true"} if self.reconcile else {}),
+        })
+        return resolved.choice(config.full)
+
+
+def _stale_check(instance: dg.DagsterInstance) -> Callable[[str | None], bool]:
+    """The harvest's `is_stale` hook: whether the run holding a lease has ended."""
+    def is_stale(other_run: str | None) -> bool:
+        if other_run is None:
+            return True
+        record = instance.get_run_by_id(other_run)
+        return record is None or record.is_finished
+
+    return is_stale
+
+
+def _materialize_records(context: dg.AssetExecutionContext, h: Harvester, store: Store,
+                         counts: dict[str, Any] | None) -> Any:
+    """Materialize records: after a harvest (its `counts`), or alone, re-transforming
+    the stored raw XML."""
+    records_key = asset_keys(h.id)[2]
+    if counts is None:
+        context.log.info("re-transforming the stored raw XML of %s with %s",
+                         h.id, h.transformer)
+        result = retransform(store, h.id, harvest_mod.make_transform(h.transformer),
+                             run_id=context.run_id, logger=context.log,
+                             validate=harvest_mod.make_validate(h))
+        counts = {"new": 0, "updated": result.updated, "failed": result.failed,
+                  "failed_ids": result.failed_ids}
+    unchanged = not (counts["new"] or counts["updated"] or counts.get("deleted"))
+    records_meta = records_metadata(
+        store, h, counts, run_id=context.run_id,
+        previous=latest_metadata(context.instance, records_key) if unchanged else None)
+    yield dg.MaterializeResult(asset_key=records_key, metadata=records_meta)
+    log_own_checks(context, h, {CHECK_NO_FAILED})
 
 
 def log_own_checks(context: dg.AssetExecutionContext, h: Harvester, names: set[str]) -> None:

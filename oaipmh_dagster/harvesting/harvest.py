@@ -270,11 +270,14 @@ class HarvestHooks:
     """What a harvest asks of its caller, each optional: `resolve_since` is called once
     the harvester's lease is held (a run that waited for another harvest of the same
     harvester starts from the since that harvest left); `is_stale(run_id)` says the
-    orchestrator saw the lease holder's run end; `on_page` hears each committed page."""
+    orchestrator saw the lease holder's run end; `on_page` hears each committed page;
+    `on_identify` hears the server's Identify answer as soon as it arrives (before any
+    list)."""
 
     resolve_since: Callable[[], SinceChoice] | None = None
     is_stale: IsStale | None = None
     on_page: OnPage | None = None
+    on_identify: Callable[[Identify], None] | None = None
 
     @classmethod
     def of(cls, *, is_stale: IsStale | None = None, on_page: OnPage | None = None,
@@ -284,6 +287,14 @@ class HarvestHooks:
         resolve = (None if since_after_lease is None
                    else functools.partial(_since_choice, since_after_lease))
         return cls(resolve, is_stale, on_page)
+
+
+def _identify(client: OAIClient, hooks: HarvestHooks) -> Identify:
+    """The server's Identify answer, told to `hooks.on_identify` first."""
+    ident = client.identify()
+    if hooks.on_identify is not None:
+        hooks.on_identify(ident)
+    return ident
 
 
 def _since_choice(since_after_lease: SinceAfterLease) -> SinceChoice:
@@ -401,7 +412,6 @@ def harvest(
     is_stale: IsStale | None = None,
     on_page: OnPage | None = None,
     since_after_lease: SinceAfterLease | None = None,
-    on_identify: Callable[[Identify], None] | None = None,
 ) -> HarvestStats:
     """Harvest `h` into `store` as `run` says (the defaults without one) and return the
     statistics; raise on failure.
@@ -411,8 +421,6 @@ def harvest(
     statistics say which since the harvest may record (`next_since`) and whether it
     covered the harvester's whole selection (`covers_selection`). `hooks`: see
     `HarvestHooks`; `is_stale`, `on_page`, `since_after_lease`: their older form.
-    `on_identify` is called with the server's Identify answer as soon as it arrives
-    (before any list).
 
     When the store holds records of another selection (the URL, prefix or sets changed),
     a since a run recorded is not used (a full harvest), and the first full harvest read
@@ -440,9 +448,7 @@ def harvest(
             run = run.with_since(hooks.resolve_since())
         run = _full_when_pending(run, h, job.pending, logger)
         local_start = datetime.now(UTC)  # our clock, before the server's first answer
-        ident = client.identify()
-        if on_identify is not None:
-            on_identify(ident)
+        ident = _identify(client, hooks)
         plan = _checked(make_plan, h, run, ident, saved, local_start)
         keeps = plan.keeps
         selection = _execute(job, run, plan, ident, local_start, hooks.on_page)
