@@ -30,7 +30,11 @@ def _listener(finals: list[HarvestStats], stream: TextIO | None = None) -> Liste
         if interactive:
             out.write("\r\033[K")
 
-    return Listener(on_page=_page_printer(out, interactive), on_finish=finish)
+    def retry(line: str) -> None:
+        out.write(("\r\033[K" if interactive else "") + line + "\n")
+        out.flush()
+
+    return Listener(on_page=_page_printer(out, interactive), on_finish=finish, on_retry=retry)
 
 
 def _page_printer(stream: TextIO, interactive: bool) -> Callable[[Progress], None]:

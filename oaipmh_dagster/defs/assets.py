@@ -151,7 +151,8 @@ def build_harvester_assets(h: Harvester) -> list[dg.AssetsDefinition]:
 def harvest(context: dg.AssetExecutionContext) -> Any:
     """The body of every harvester's op; its harvester is the one its asset keys name."""
     config = HarvestConfig(**context.op_config)
-    with retry_transient(context):
+    listener: harvest_mod.Listener = getattr(context.resources, LISTENER_KEY)
+    with retry_transient(context, listener.on_retry):
         yield from run_harvest(context, config, context.resources.oaipmh_db,
                                _harvester_id(context.assets_def.keys))
 

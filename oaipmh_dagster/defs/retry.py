@@ -21,7 +21,7 @@ plus or minus 30 s) are read when the op starts."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import dagster as dg
@@ -88,9 +88,11 @@ def is_transient(exc: BaseException) -> bool:
 
 
 @contextmanager
-def retry_transient(context: dg.AssetExecutionContext) -> Iterator[None]:
+def retry_transient(context: dg.AssetExecutionContext,
+                    notify: Callable[[str], None] | None = None) -> Iterator[None]:
     """Run the op's body; a transient failure asks Dagster for another attempt (up to
-    the policy's retries), anything else fails the op as it is."""
+    the policy's retries), anything else fails the op as it is. `notify` hears the
+    retry's line as it is asked for (the CLI prints it)."""
     try:
         policy = retry_policy()
     except ValueError as exc:
@@ -110,6 +112,9 @@ def retry_transient(context: dg.AssetExecutionContext) -> Iterator[None]:
                                     policy.max_retries, exc)
             raise
         wait = max(0.0, float(policy.calculate_delay(attempt)))
-        context.log.warning("transient failure: %s; retry %d of %d in %.0f s, from the last "
-                            "committed page", exc, attempt, policy.max_retries, wait)
+        line = (f"transient failure: {exc}; retry {attempt} of {policy.max_retries} in "
+                f"{wait:.0f} s, from the last committed page")
+        context.log.warning(line)
+        if notify is not None:
+            notify(line)
         raise dg.RetryRequested(max_retries=policy.max_retries, seconds_to_wait=wait) from exc

@@ -259,6 +259,7 @@ class Listener:
 
     on_page: OnPage | None = None
     on_finish: Callable[[HarvestStats], None] | None = None
+    on_retry: Callable[[str], None] | None = None  # one line: cause, retry n of m, wait
 
 
 # The older form of `HarvestHooks.resolve_since`: (since, full, overlap, source).

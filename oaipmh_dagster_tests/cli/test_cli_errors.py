@@ -86,6 +86,25 @@ def test_harvest_unknown_id(run, database_url: str) -> None:
 # -- harvest: a failed run -------------------------------------------------------------
 
 
+def test_a_retried_harvest_says_so(run, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transient failure retried in the same run prints one line (cause, retry n of m,
+    the wait) instead of waiting in silence; the run then succeeds."""
+    from oaipmh_dagster.demo.dataset import make_dataset
+    from oaipmh_dagster_tests.helpers import add_harvester
+    from oaipmh_dagster_tests.oaiserver import FaultyOAIServer
+
+    monkeypatch.setenv("OAIPMH_OP_RETRIES", "2")
+    monkeypatch.setenv("OAIPMH_OP_RETRY_DELAY", "0")
+    with FaultyOAIServer(make_dataset(20, seed=5), page_size=10) as srv:
+        add_harvester("wobbly", srv.base_url, max_retries=0)
+        srv.faults.add("status", verb="ListRecords", page=2, status=503)
+        r = run("harvest", "wobbly")
+    assert r.code == 0, r.err
+    retried = [line for line in r.err.splitlines() if "retry 1 of 2" in line]
+    assert len(retried) == 1 and "503" in retried[0]
+    assert "succeeded" in r.out + r.err
+
+
 def test_failed_harvest_is_one_line(run, unreachable: Harvester) -> None:
     r = run("harvest", "demo")
     assert r.code == 1

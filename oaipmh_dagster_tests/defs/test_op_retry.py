@@ -96,6 +96,21 @@ def test_transient_failure_is_retried_from_the_checkpoint(
     assert Store().snapshot("flaky") == expected_snapshot(server.dataset)
 
 
+@pytest.mark.usefixtures("retries")
+def test_the_listener_hears_each_retry(sqlite_url: str, server: OAIServer,
+                                      instance: dg.DagsterInstance) -> None:
+    """A run's listener (the CLI's progress line) is told of each retry as it is asked
+    for: the cause, which retry of how many, and the wait; a harvest that goes on after a
+    failure does not wait in silence."""
+    h = add_harvester("told", server.base_url, max_retries=0)
+    server.faults.add("status", verb="ListRecords", page=2, status=503)
+    heard: list[str] = []
+    result = _run(h, instance, Listener(on_retry=heard.append))
+    assert result.success
+    assert len(heard) == 1
+    assert "503" in heard[0] and "retry 1 of 2" in heard[0] and "in 0 s" in heard[0]
+
+
 def test_retries_stop_after_the_configured_count(
     sqlite_url: str, server: OAIServer, instance: dg.DagsterInstance,
     monkeypatch: pytest.MonkeyPatch
