@@ -57,6 +57,7 @@ class Sizes:
     shard_baseline: int = 1000  # N of the one-location (K=1) comparison
     dev_sizes: tuple[int, ...] = (3000,)  # case 11 (+ 10,000 with --shards-10k)
     dev_shards: dict[int, int] = field(default_factory=lambda: {3000: 12})  # else N / per_shard
+    compression_records: int = 50_000  # case 14
     aggregator_records: int = 20_000
     aggregator_repeats: int = 3
     load_sizes: tuple[int, ...] = (200, 1000)  # case 12: private vs public builders
@@ -69,7 +70,8 @@ class Sizes:
                    definitions=(20, 50), reloads=(50,), reload_repeats=1,
                    shard_sizes=(100,), per_shard=50, shard_baseline=100, dev_sizes=(100,),
                    cli_records=2_000, cli_repeats=1, aggregator_records=2_000,
-                   aggregator_repeats=1, load_sizes=(50,), load_repeats=1)
+                   aggregator_repeats=1, load_sizes=(50,), load_repeats=1,
+                   compression_records=2_000)
 
 
 @dataclass
@@ -556,6 +558,13 @@ def case_location_load(b: Bench) -> None:
     run(b)
 
 
+def case_compression(b: Bench) -> None:
+    """Case 14 (benchmarks/compression.py, which imports this module)."""
+    from benchmarks.compression import case_compression as run
+
+    run(b)
+
+
 CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
     "1": ("fetch + parse throughput vs Sickle and oaipmh-scythe", case_fetch),
     "2": ("end-to-end harvest throughput (SQLite, PostgreSQL, job)", case_e2e),
@@ -573,6 +582,8 @@ CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
            case_dev_add),
     "12": ("code location load: public builders vs the private ones they replaced",
            case_location_load),
+    "14": ("record bytes on PostgreSQL: the defaults vs lz4 (migration 0009)",
+           case_compression),
 }
 
 

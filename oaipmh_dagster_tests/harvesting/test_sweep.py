@@ -322,6 +322,6 @@ def test_migration_gives_existing_rows_the_default(database_url: str) -> None:
             "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
         conn.execute(sa.text("INSERT INTO oaipmh_harvest_state (harvester_id, status) "
                              "VALUES ('old', 'succeeded')"))
-    assert db.upgrade(engine) == db.head_revision() == "0008"
+    assert db.upgrade(engine) == db.head_revision()
     assert Registry(engine).get("old").max_delete == "10%"
     assert Store(engine).state("old")["selection"] is None  # unknown: adopted later
