@@ -86,18 +86,9 @@ def _clean_postgres(url: str) -> None:
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path,
-                 monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def database_url(request: pytest.FixtureRequest) -> str:
     """An empty database, SQLite and PostgreSQL, set as $OAIPMH_DATABASE_URL."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'oaipmh.sqlite'}"
-    else:
-        url = request.getfixturevalue("pg_database")
-        db.dispose_all()
-        _clean_postgres(url)
-    monkeypatch.setenv(db.DATABASE_URL_ENV, url)
-    yield url
-    db.dispose_all()
+    return str(request.getfixturevalue(f"{request.param}_url"))
 
 
 @pytest.fixture
@@ -106,6 +97,16 @@ def sqlite_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
     url = f"sqlite:///{tmp_path / 'oaipmh.sqlite'}"
     monkeypatch.setenv(db.DATABASE_URL_ENV, url)
     yield url
+    db.dispose_all()
+
+
+@pytest.fixture
+def postgres_url(pg_database: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An empty PostgreSQL database only, set as $OAIPMH_DATABASE_URL."""
+    db.dispose_all()
+    _clean_postgres(pg_database)
+    monkeypatch.setenv(db.DATABASE_URL_ENV, pg_database)
+    yield pg_database
     db.dispose_all()
 
 
