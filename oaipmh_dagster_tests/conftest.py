@@ -110,6 +110,19 @@ def postgres_url(pg_database: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     db.dispose_all()
 
 
+@pytest.fixture
+def memory_store(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """An empty in-memory record store (`memory_store.MemoryStore`); the test fails if it
+    opens a database."""
+    from oaipmh_dagster_tests.memory_store import MemoryStore
+
+    def no_database(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a test on the in-memory store opened a database")
+
+    monkeypatch.setattr(db, "get_engine", no_database)
+    return MemoryStore()
+
+
 def _forget_dagster_state_storage() -> None:
     """An earlier test's instance, gone since, would make the next definitions load fail.
     Until a test has imported Dagster there is nothing to forget (and no import to pay)."""
