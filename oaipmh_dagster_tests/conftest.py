@@ -86,18 +86,9 @@ def _clean_postgres(url: str) -> None:
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path,
-                 monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def database_url(request: pytest.FixtureRequest) -> str:
     """An empty database, SQLite and PostgreSQL, set as $OAIPMH_DATABASE_URL."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'oaipmh.sqlite'}"
-    else:
-        url = request.getfixturevalue("pg_database")
-        db.dispose_all()
-        _clean_postgres(url)
-    monkeypatch.setenv(db.DATABASE_URL_ENV, url)
-    yield url
-    db.dispose_all()
+    return str(request.getfixturevalue(f"{request.param}_url"))
 
 
 @pytest.fixture
@@ -107,6 +98,29 @@ def sqlite_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]
     monkeypatch.setenv(db.DATABASE_URL_ENV, url)
     yield url
     db.dispose_all()
+
+
+@pytest.fixture
+def postgres_url(pg_database: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An empty PostgreSQL database only, set as $OAIPMH_DATABASE_URL."""
+    db.dispose_all()
+    _clean_postgres(pg_database)
+    monkeypatch.setenv(db.DATABASE_URL_ENV, pg_database)
+    yield pg_database
+    db.dispose_all()
+
+
+@pytest.fixture
+def memory_store(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """An empty in-memory record store (`memory_store.MemoryStore`); the test fails if it
+    opens a database."""
+    from oaipmh_dagster_tests.memory_store import MemoryStore
+
+    def no_database(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a test on the in-memory store opened a database")
+
+    monkeypatch.setattr(db, "get_engine", no_database)
+    return MemoryStore()
 
 
 def _forget_dagster_state_storage() -> None:

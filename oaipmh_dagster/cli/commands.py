@@ -707,10 +707,10 @@ def profile(harvester_id: str, as_json: bool, max_records: int) -> None:
     distinct values of short fields (every value at most 200 characters; counted up to
     1000)."""
     from oaipmh_dagster.operations.profile import bar, coverage_rows, note, percent, profile_store
-    from oaipmh_dagster.storage.store import Store
+    from oaipmh_dagster.storage import open_store
 
     registry = _records_of(harvester_id)
-    p = profile_store(Store(registry.engine), harvester_id, max_records=max_records or None)
+    p = profile_store(open_store(registry.engine), harvester_id, max_records=max_records or None)
     if as_json:
         _echo_json(p.to_json())
         return
@@ -744,11 +744,11 @@ def export(harvester_id: str, fmt: str, output: str) -> None:
     jsonl:   one JSON object per line, as `records --json`."""
     from oaipmh_dagster.operations.export import BadDestination, Destination, ExportError
     from oaipmh_dagster.operations.export import export as do_export
-    from oaipmh_dagster.storage.store import Store
+    from oaipmh_dagster.storage import open_store
 
     try:
         to = Destination.resolve(output, fmt)  # before the database is touched
-        n = do_export(Store(_records_of(harvester_id).engine), harvester_id, fmt, output)
+        n = do_export(open_store(_records_of(harvester_id).engine), harvester_id, fmt, output)
     except BadDestination as exc:
         raise UsageProblem(str(exc)) from exc
     except ExportError as exc:

@@ -56,8 +56,8 @@ from oaipmh_dagster.harvesting import harvest as harvest_mod
 from oaipmh_dagster.harvesting.plan import SinceChoice
 from oaipmh_dagster.harvesting.rows import retransform
 from oaipmh_dagster.oai import Identify
+from oaipmh_dagster.storage.ports import RecordStore
 from oaipmh_dagster.storage.registry import Harvester
-from oaipmh_dagster.storage.store import Store
 
 RECORD_COLUMNS = dg.TableSchema(
     columns=[
@@ -175,7 +175,7 @@ def run_harvest(
     _, raw_key, records_key = asset_keys(h.id)
     selected = context.selected_asset_keys
     tag_run(context, h, config if raw_key in selected else None)
-    store = Store(oaipmh_db.engine())
+    store = oaipmh_db.record_store()
     counts: dict[str, Any] | None = None
     held = None
     if raw_key in selected:
@@ -192,7 +192,7 @@ def run_harvest(
 
 
 def _harvest_raw(context: dg.AssetExecutionContext, config: HarvestConfig, h: Harvester,
-                 store: Store) -> Any:
+                 store: RecordStore) -> Any:
     """Harvest into the store, observing `source` from the Identify answer, and
     materialize raw_records; returns the statistics (a sweep held back included)."""
     source_key, raw_key, _ = asset_keys(h.id)
@@ -271,7 +271,7 @@ def _stale_check(instance: dg.DagsterInstance) -> Callable[[str | None], bool]:
     return is_stale
 
 
-def _materialize_records(context: dg.AssetExecutionContext, h: Harvester, store: Store,
+def _materialize_records(context: dg.AssetExecutionContext, h: Harvester, store: RecordStore,
                          counts: dict[str, Any] | None) -> Any:
     """Materialize records: after a harvest (its `counts`), or alone, re-transforming
     the stored raw XML."""
@@ -429,7 +429,7 @@ def _sweep_metadata(stats: harvest_mod.HarvestStats) -> dict[str, Any]:
     return meta
 
 
-def records_metadata(store: Store, h: Harvester, counts: dict, *, run_id: str,
+def records_metadata(store: RecordStore, h: Harvester, counts: dict, *, run_id: str,
                      previous: Mapping[str, Any] | None = None) -> dict:
     """Materialization metadata of records: row count, preview, schema, failures, and
     the field coverage of the live records (`oaipmh.profile`: a sample past
@@ -488,7 +488,7 @@ def _carried_coverage(previous: Mapping[str, Any] | None, live: int) -> dict | N
     return {k: previous[k] for k in _COVERAGE_KEYS}
 
 
-def preview_markdown(store: Store, harvester_id: str, rows: int = 10) -> str:
+def preview_markdown(store: RecordStore, harvester_id: str, rows: int = 10) -> str:
     """The first live records as a Markdown table (tabulate: importing pandas for ten
     rows cost every run about 0.5 s)."""
     from tabulate import tabulate

@@ -31,8 +31,8 @@ from oaipmh_dagster.contracts import (
 )
 from oaipmh_dagster.defs.resources import OAIPMHDatabase
 from oaipmh_dagster.defs.schema_check import schema_check_result, schema_check_spec
+from oaipmh_dagster.storage.ports import RecordStore
 from oaipmh_dagster.storage.registry import Harvester
-from oaipmh_dagster.storage.store import Store
 
 __all__ = ["as_evaluation", "build_location_checks", "check_specs", "complete_check_result",
            "evaluate_checks", "no_failed_check_result"]
@@ -106,7 +106,7 @@ def evaluate_checks(instance: dg.DagsterInstance, oaipmh_db: OAIPMHDatabase,
     """The results of the checks `names` of a harvester, from the store and the last
     materialization of its raw_records."""
     h = oaipmh_db.harvester(harvester_id)
-    store = Store(oaipmh_db.engine())
+    store = oaipmh_db.record_store()
     raw, records = _keys(h.id)
     if CHECK_COMPLETE in names:
         yield complete_check_result(instance.get_latest_materialization_event(raw), raw)
@@ -116,7 +116,7 @@ def evaluate_checks(instance: dg.DagsterInstance, oaipmh_db: OAIPMHDatabase,
         yield no_failed_check_result(store, h.id, records)
 
 
-def no_failed_check_result(store: Store, harvester_id: str,
+def no_failed_check_result(store: RecordStore, harvester_id: str,
                            records: dg.AssetKey) -> dg.AssetCheckResult:
     """Failed (a warning) when a stored record carries a transformation error."""
     failed = store.failed_identifiers(harvester_id, limit=10)

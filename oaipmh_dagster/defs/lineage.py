@@ -14,7 +14,7 @@ import dagster as dg
 from oaipmh_dagster import __version__
 from oaipmh_dagster.oai import Identify
 from oaipmh_dagster.operations.endpoint import describe_identify
-from oaipmh_dagster.storage.store import Store
+from oaipmh_dagster.storage.ports import RecordStore
 from oaipmh_dagster.transform import transformer_version
 
 __all__ = ["IDENTIFY_DIGEST_KEY", "ROW_COUNT_KEY", "TABLE_NAME_KEY", "identify_version", "observe_source", "records_code_version",
@@ -88,7 +88,8 @@ def observe_source(
     return result
 
 
-def table_metadata(store: Store, harvester_id: str, live: int | None = None) -> dict[str, Any]:
+def table_metadata(store: RecordStore, harvester_id: str,
+                   live: int | None = None) -> dict[str, Any]:
     """`dagster/table_name` and `dagster/row_count` (the harvester's live rows; one
     COUNT unless `live` is given) of the record table."""
     if live is None:

@@ -6,7 +6,8 @@ import dagster as dg
 from pydantic import Field
 from sqlalchemy.engine import Engine
 
-from oaipmh_dagster.storage import db
+from oaipmh_dagster.storage import db, open_store
+from oaipmh_dagster.storage.ports import RecordStore
 from oaipmh_dagster.storage.registry import Harvester, HarvesterNotFound, Registry
 
 
@@ -21,6 +22,11 @@ class OAIPMHDatabase(dg.ConfigurableResource):
     def engine(self) -> Engine:
         """The shared engine, schema up to date."""
         return db.get_engine(self.database_url or None)
+
+    def record_store(self) -> RecordStore:
+        """The record store with its harvest state: one per op, whose lease fences its
+        own writes."""
+        return open_store(self.engine())
 
     def harvester(self, harvester_id: str) -> Harvester:
         """The harvester's current row: URL, prefix and sets may have changed since the

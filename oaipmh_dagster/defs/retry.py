@@ -36,7 +36,7 @@ from oaipmh_dagster.oai import (
     OAITransportError,
 )
 from oaipmh_dagster.storage.db import DatabaseUnavailable
-from oaipmh_dagster.storage.lease import HarvestInProgress, LeaseWaitCancelled
+from oaipmh_dagster.storage.ports import HarvestInProgress, LeaseWaitCancelled
 
 __all__ = ["DEFAULT_DELAY", "DEFAULT_RETRIES", "RETRIES_ENV", "RETRY_DELAY_ENV",
            "is_transient", "retry_policy", "retry_transient"]

@@ -4,8 +4,8 @@ records against an XML Schema: how many live records in the store are invalid.""
 import dagster as dg
 
 from oaipmh_dagster.contracts import CHECK_SCHEMA_VALID
+from oaipmh_dagster.storage.ports import RecordStore
 from oaipmh_dagster.storage.registry import Harvester
-from oaipmh_dagster.storage.store import Store
 
 __all__ = ["SAMPLE", "schema_check_result", "schema_check_spec"]
 
@@ -22,7 +22,8 @@ def schema_check_spec(h: Harvester, raw_key: dg.AssetKey) -> dg.AssetCheckSpec |
         "invalid records are kept, with an error of type schema).")
 
 
-def schema_check_result(store: Store, h: Harvester, raw_key: dg.AssetKey) -> dg.AssetCheckResult:
+def schema_check_result(store: RecordStore, h: Harvester,
+                        raw_key: dg.AssetKey) -> dg.AssetCheckResult:
     """The check's result: failed (a warning) when any live record is invalid, with the
     invalid and live counts and the first invalid records (identifier: first message)."""
     if h.schema is None:

@@ -54,14 +54,13 @@ from oaipmh_dagster.oai import (
     drop_seen,
     format_datestamp,
 )
-from oaipmh_dagster.storage.lease import IsStale
+from oaipmh_dagster.storage.ports import IsStale, RecordStore
 from oaipmh_dagster.storage.registry import (
     AUTH_ENV_PREFIX,
     AUTH_ENV_RULE,
     Harvester,
     auth_env_allowed,
 )
-from oaipmh_dagster.storage.store import Store
 from oaipmh_dagster.transform import (
     TransformError,
     get_transformer,
@@ -402,7 +401,7 @@ def make_validate(h: Harvester) -> Validate | None:
 
 def harvest(
     h: Harvester,
-    store: Store,
+    store: RecordStore,
     run: RunOptions | None = None,
     *,
     run_id: str,
@@ -467,7 +466,7 @@ class _Job:
     """What the steps of one harvest share once its lease is held."""
 
     h: Harvester
-    store: Store
+    store: RecordStore
     run_id: str
     client: OAIClient
     logger: Any
@@ -536,7 +535,7 @@ def _full_when_pending(run: RunOptions, h: Harvester, pending: bool, logger: Any
 
 
 def _after_lists(
-    client: OAIClient, h: Harvester, store: Store, run: RunOptions, stats: HarvestStats,
+    client: OAIClient, h: Harvester, store: RecordStore, run: RunOptions, stats: HarvestStats,
     seen: set[str] | None, run_id: str, logger: Any, *, transform: Transform,
     validate: Validate | None, held: str | None,
 ) -> str | None:
@@ -555,7 +554,7 @@ def _after_lists(
 
 
 def _sweep(
-    store: Store, h: Harvester, run: RunOptions, stats: HarvestStats, seen: set[str] | None,
+    store: RecordStore, h: Harvester, run: RunOptions, stats: HarvestStats, seen: set[str] | None,
     run_id: str, logger: Any, *, held: str | None,
 ) -> str | None:
     """After the lists (and any reconcile): the selection sweep when `seen` holds what a
@@ -596,7 +595,7 @@ def _start(stats: HarvestStats, plan: Plan, response_date: datetime) -> None:
 
 
 def _store_pages(
-    pages: Iterator[tuple[Page, Checkpoint | None]], store: Store, h: Harvester, run_id: str,
+    pages: Iterator[tuple[Page, Checkpoint | None]], store: RecordStore, h: Harvester, run_id: str,
     transform: Transform, stats: HarvestStats, plan: Plan, on_page: OnPage | None,
     logger: Any, started: float, validate: Validate | None = None,
     seen: set[str] | None = None,
@@ -620,7 +619,7 @@ def _store_pages(
             report.committed(done, ready)
 
 
-def _commit(store: Store, harvester_id: str, run_id: str,
+def _commit(store: RecordStore, harvester_id: str, run_id: str,
             item: tuple[Page, PreparedPage, dict[str, Any] | None]) -> None:
     """Commit one prepared page with its checkpoint (in the committer's thread)."""
     commit_page(store, harvester_id, item[1], run_id=run_id, checkpoint=item[2])

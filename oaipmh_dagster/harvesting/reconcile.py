@@ -36,8 +36,8 @@ from oaipmh_dagster.harvesting.rows import Transform, Validate, write_page
 from oaipmh_dagster.harvesting.sweep import HeldBack, check
 from oaipmh_dagster.oai import CannotDisseminateFormat, IdDoesNotExist, OAIClient
 from oaipmh_dagster.oai.models import Record
+from oaipmh_dagster.storage.ports import RecordStore, utc_datestamp
 from oaipmh_dagster.storage.registry import Harvester
-from oaipmh_dagster.storage.store import Store, utc_datestamp
 
 NOT_LISTED = "not listed by the server"
 BATCH = 100  # records per GetRecord batch (one store transaction each)
@@ -76,7 +76,7 @@ def in_selection(specs: Iterable[str], sets: Sequence[str]) -> bool:
 
 
 def reconcile(
-    client: OAIClient, h: Harvester, store: Store, *, run_id: str,
+    client: OAIClient, h: Harvester, store: RecordStore, *, run_id: str,
     transform: Transform | None, logger: Any, validate: Validate | None = None,
     allow_mass_delete: bool = False,
 ) -> ReconcileStats:
@@ -139,7 +139,7 @@ def _listed(client: OAIClient, h: Harvester) -> dict[str, tuple[str | None, Any]
     return listed
 
 
-def _writer(store: Store, h: Harvester, run_id: str, transform: Transform | None,
+def _writer(store: RecordStore, h: Harvester, run_id: str, transform: Transform | None,
             stats: ReconcileStats, validate: Validate | None = None,
             ) -> Callable[[list[Record]], None]:
     def write(records: list[Record]) -> None:
@@ -170,7 +170,7 @@ def _fetch(
 
 
 def _verify_unlisted(
-    client: OAIClient, h: Harvester, store: Store, unlisted: list[str], run_id: str,
+    client: OAIClient, h: Harvester, store: RecordStore, unlisted: list[str], run_id: str,
     write: Callable[[list[Record]], None], stats: ReconcileStats,
 ) -> None:
     """Ask for each stored record the list left out before tombstoning it."""

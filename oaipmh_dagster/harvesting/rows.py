@@ -6,7 +6,7 @@ deletion, sets, raw metadata, and the metadata prefix and transformer that produ
 stored metadata), so a change that keeps its datestamp is still rewritten, and an
 unchanged record is neither transformed nor written. One record's bad value costs only
 that record: the same column limits hold on every database. The store persists the rows
-(`Store.page`); nothing here touches the database directly."""
+(`RecordStore.page`, `storage/ports.py`); nothing here touches the database."""
 
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol
 
-from oaipmh_dagster.storage.lease import IsStale
-from oaipmh_dagster.storage.store import (
+from oaipmh_dagster.storage.ports import (
     DATESTAMP_MAX,
     DATESTAMP_PLACEHOLDER,
     IDENTIFIER_MAX,
+    IsStale,
     MetadataUpdate,
-    Store,
+    RecordStore,
     utc_datestamp,
 )
 from oaipmh_dagster.transform import transformer_identity
@@ -221,7 +221,7 @@ class PreparedPage:
 
 
 def prepare_page(
-    store: Store,
+    store: RecordStore,
     harvester_id: str,
     records: Sequence[HarvestRecord],
     *,
@@ -300,17 +300,17 @@ def _transform_page(transform: Transform | None, latest: dict[str, HarvestRecord
 
 
 def commit_page(
-    store: Store, harvester_id: str, prepared: PreparedPage, *, run_id: str | None,
+    store: RecordStore, harvester_id: str, prepared: PreparedPage, *, run_id: str | None,
     checkpoint: dict[str, Any] | None = None,
 ) -> None:
     """Upsert a prepared page's rows and save `checkpoint` in one transaction (fenced
-    under `run_id`'s lease: see `Store.page`)."""
+    under `run_id`'s lease: see `RecordStore.page`)."""
     with store.page(harvester_id, run_id, checkpoint) as page:
         page.upsert(prepared.rows)
 
 
 def write_page(
-    store: Store,
+    store: RecordStore,
     harvester_id: str,
     records: Sequence[HarvestRecord],
     *,
@@ -425,7 +425,7 @@ def _live(
 
 
 def retransform(
-    store: Store, harvester_id: str, transform: Transform, *, run_id: str, batch: int = 500,
+    store: RecordStore, harvester_id: str, transform: Transform, *, run_id: str, batch: int = 500,
     is_stale: IsStale | None = None, wait: bool = True,
     wait_limit: float | None | types.EllipsisType = ...,
     cancel: threading.Event | None = None, logger: Any = None,
@@ -433,7 +433,7 @@ def retransform(
 ) -> Counts:
     """Transform every stored live record of a harvester again from its raw XML (and
     validate it again, with `validate`), under the harvester's lease (taken as
-    `Store.acquire` does, released at the end; the harvest state's status and
+    `RecordStore.acquire` does, released at the end; the harvest state's status and
     checkpoint stay as they were), one transaction per batch."""
     counts = Counts()
     last = ""

@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from oaipmh_dagster.storage.ports import RecordStore
 from oaipmh_dagster.storage.registry import DeleteLimit, Harvester
-from oaipmh_dagster.storage.store import Store
 
 OUTSIDE = "not in the harvester's selection (its URL, prefix or sets changed)"
 CONFIRM = ("run again with --allow-mass-delete (run config allow_mass_delete: true), or "
@@ -70,7 +70,7 @@ def pending(saved: str | None, scope: str) -> bool:
 
 
 def sweep_selection(
-    store: Store, h: Harvester, seen: Iterable[str] | set[str], *, run_id: str,
+    store: RecordStore, h: Harvester, seen: Iterable[str] | set[str], *, run_id: str,
     allow: bool, logger: Any,
 ) -> tuple[int, HeldBack | None]:
     """Tombstone the live records of `h` that a complete harvest of its selection did not

@@ -249,10 +249,9 @@ def _reload(change: Change, location: str | None) -> None:
 def _forget_state(registry: Registry, harvester_id: str) -> None:
     """Drop the harvester's harvest state (lease and checkpoint of an interrupted
     harvest): it belongs to a selection that no longer exists."""
-    from oaipmh_dagster.storage.lease import state_table
+    from oaipmh_dagster.storage import open_store
 
-    with registry.engine.begin() as conn:
-        conn.execute(state_table.delete().where(state_table.c.harvester_id == harvester_id))
+    open_store(registry.engine).forget(harvester_id)
 
 
 def _selection_changed(registry: Registry, old: Harvester) -> None:
@@ -260,24 +259,11 @@ def _selection_changed(registry: Registry, old: Harvester) -> None:
     stops at its next page: its lease is gone), and keep in the harvest state which
     selection the store holds records of (`old`'s, unless one is recorded already), so
     that the next complete harvest sweeps them (`sweep`)."""
-    import sqlalchemy as sa
-
     from oaipmh_dagster.harvesting.incremental import scope
-    from oaipmh_dagster.storage.lease import state_table
+    from oaipmh_dagster.storage import open_store
 
-    c = state_table.c
-    cleared = {"status": "idle", "lease": None, "checkpoint": None, "run_id": None,
-               "holder": None}
-    with registry.engine.begin() as conn:
-        row = conn.execute(sa.select(c.selection).where(c.harvester_id == old.id)).first()
-        held = (row.selection if row is not None else None) or scope(
-            old.base_url, old.metadata_prefix, old.sets)
-        if row is None:
-            conn.execute(state_table.insert().values(harvester_id=old.id, selection=held,
-                                                     **cleared))
-        else:
-            conn.execute(state_table.update().where(c.harvester_id == old.id)
-                         .values(selection=held, **cleared))
+    open_store(registry.engine).selection_changed(
+        old.id, scope(old.base_url, old.metadata_prefix, old.sets))
 
 
 def add_harvester(
@@ -458,9 +444,9 @@ def remove_harvester(
     _forget_state(registry, harvester_id)
     instance.forget_since(harvester_id)
     if delete_records:
-        from oaipmh_dagster.storage.store import Store
+        from oaipmh_dagster.storage import open_store
 
-        n = Store(registry.engine).delete_harvester_records(harvester_id)
+        n = open_store(registry.engine).delete_harvester_records(harvester_id)
         change.say(f"deleted {count(n, 'record')} of {harvester_id}")
     change.say(f"removed harvester {harvester_id}")
     if reload:

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 
 from oaipmh_dagster.errors import OAIPMHDagsterError
 from oaipmh_dagster.operations.flat import flatten
-from oaipmh_dagster.storage.store import DATESTAMP_PLACEHOLDER, Store
+from oaipmh_dagster.storage.ports import DATESTAMP_PLACEHOLDER, RecordStore
 
 FORMATS = ("parquet", "csv", "jsonl")
 STDOUT = "-"
@@ -27,7 +27,7 @@ BATCH = 10_000
 BUFFER = 1 << 20
 
 
-def _batches(store: Store, harvester_id: str) -> Iterator[list[dict[str, Any]]]:
+def _batches(store: RecordStore, harvester_id: str) -> Iterator[list[dict[str, Any]]]:
     batch: list[dict[str, Any]] = []
     for item in store.iter_records(harvester_id):
         batch.append(item)
@@ -174,7 +174,7 @@ def _write_jsonl(items: Iterable[dict[str, Any]], fh: BinaryIO) -> int:
     return n
 
 
-def _write_csv(store: Store, harvester_id: str, fh: BinaryIO) -> int:
+def _write_csv(store: RecordStore, harvester_id: str, fh: BinaryIO) -> int:
     import pandas as pd
 
     frames = [pd.DataFrame([flatten(i) for i in b]) for b in _batches(store, harvester_id)]
@@ -222,7 +222,7 @@ def _stamp(text: str | None) -> datetime | None:
         return None
 
 
-def _write_parquet(store: Store, harvester_id: str, fh: BinaryIO) -> int:
+def _write_parquet(store: RecordStore, harvester_id: str, fh: BinaryIO) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -246,7 +246,7 @@ def _write_parquet(store: Store, harvester_id: str, fh: BinaryIO) -> int:
     return n
 
 
-def export(store: Store, harvester_id: str, fmt: str, output: str | os.PathLike[str]) -> int:
+def export(store: RecordStore, harvester_id: str, fmt: str, output: str | os.PathLike[str]) -> int:
     """Write every record of a harvester to `output` ('-' is stdout); returns the count.
 
     A regular file is written to a temporary file and renamed on success, so a failure

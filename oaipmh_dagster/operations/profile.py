@@ -16,7 +16,7 @@ number of distinct values of short fields.
   count stops at `DISTINCT_CAP`: `"1000+"`. At most `MAX_FIELDS` fields are followed
   (the rest are counted in `fields_dropped`), so memory is bounded by
   `MAX_FIELDS * DISTINCT_CAP * SHORT_MAX` characters whatever the record count.
-- Records are read in batches ordered by identifier (`Store.iter_records`), one batch in
+- Records are read in batches ordered by identifier (`RecordStore.iter_records`), one batch in
   memory. A record whose transform failed is live with no metadata: it lacks every field.
 
 Cost, measured on 20,000 harvested demo records (19,051 live; SQLite, one process, the
@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from oaipmh_dagster.storage.store import Store
+from oaipmh_dagster.storage.ports import RecordStore
 
 __all__ = ["ASSET_MAX_RECORDS", "DISTINCT_CAP", "MAX_FIELDS", "MAX_RECORDS", "SHORT_MAX", "FieldProfile",
            "Profile", "bar", "coverage_markdown", "profile_records", "profile_store"]
@@ -226,7 +226,7 @@ def profile_records(metadata: Iterable[Any], live: int | None = None) -> Profile
     return p
 
 
-def profile_store(store: Store, harvester_id: str, *,
+def profile_store(store: RecordStore, harvester_id: str, *,
                   max_records: int | None = MAX_RECORDS, batch: int = 1000) -> Profile:
     """The profile of a harvester's live records, read in batches; past `max_records`
     (None: no limit) a systematic sample of that many, every k-th by identifier."""

@@ -25,7 +25,6 @@ import time
 import types
 import uuid
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -34,8 +33,18 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Engine
 
-from oaipmh_dagster.errors import OAIPMHDagsterError
 from oaipmh_dagster.storage import db
+from oaipmh_dagster.storage.ports import (
+    HarvestInProgress,
+    IsStale,
+    LeaseLost,
+    LeaseWaitCancelled,
+    StoreError,
+)
+
+__all__ = ["HEARTBEAT_EVERY", "KEEP", "POLL_EVERY", "STALE_AFTER", "HarvestInProgress",
+           "IsStale", "Lease", "LeaseLost", "LeaseWaitCancelled", "Leases", "StoreError",
+           "holder_id", "process_start", "state_table"]
 
 log = logging.getLogger(__name__)
 
@@ -64,24 +73,7 @@ POLL_EVERY = 2.0  # seconds between attempts while waiting for a live holder
 LOG_WAIT_EVERY = 60.0  # seconds between "waiting for ..." lines
 _SLICE = 0.2  # the longest uninterrupted sleep while waiting
 
-IsStale = Callable[[str | None], bool]
 KEEP: Any = object()  # `fence`: leave the checkpoint as it is
-
-
-class StoreError(OAIPMHDagsterError, RuntimeError):
-    """The store refused an operation."""
-
-
-class HarvestInProgress(StoreError):
-    """Another live harvest of the same harvester holds the lease."""
-
-
-class LeaseWaitCancelled(HarvestInProgress):
-    """The caller cancelled the wait for another harvest's lease."""
-
-
-class LeaseLost(StoreError):
-    """This run's lease was taken over by another run: it must stop without writing."""
 
 
 def _now() -> datetime:
@@ -432,3 +424,32 @@ class Leases:
                 sa.select(state_table).where(state_table.c.harvester_id == harvester_id)
             ).mappings().first()
         return dict(row) if row else None
+
+    # -- forgetting -----------------------------------------------------------------------
+
+    def forget(self, harvester_id: str) -> None:
+        """Delete the harvester's state row."""
+        with self.engine.begin() as conn:
+            self.forget_in(conn, harvester_id)
+
+    @staticmethod
+    def forget_in(conn: sa.Connection, harvester_id: str) -> None:
+        """`forget` in the caller's transaction."""
+        conn.execute(state_table.delete().where(state_table.c.harvester_id == harvester_id))
+
+    def selection_changed(self, harvester_id: str, held: str) -> None:
+        """Clear the lease and checkpoint (a holder's next fenced write fails), and keep
+        the recorded selection, else record `held`."""
+        c = state_table.c
+        cleared = {"status": "idle", "lease": None, "checkpoint": None, "run_id": None,
+                   "holder": None}
+        with self.engine.begin() as conn:
+            row = conn.execute(sa.select(c.selection).where(c.harvester_id == harvester_id)
+                               ).first()
+            selection = (row.selection if row is not None else None) or held
+            if row is None:
+                conn.execute(state_table.insert().values(harvester_id=harvester_id,
+                                                         selection=selection, **cleared))
+            else:
+                conn.execute(state_table.update().where(c.harvester_id == harvester_id)
+                             .values(selection=selection, **cleared))

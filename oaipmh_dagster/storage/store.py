@@ -1,15 +1,16 @@
-"""The record store, persistence only: a page of rows written in one transaction with its
-checkpoint, tombstones, queries; and the per-harvester harvest state (a lease so two
-harvests never interleave, and the checkpoint of the last committed page: see `lease`).
-What a harvested record becomes (its row, content hash and transform) is `rows`."""
+"""The SQL record store, persistence only: the `ports.RecordStore` and `ports.HarvestState`
+on one SQLAlchemy engine. A page of rows written in one transaction with its checkpoint,
+tombstones, queries; and the per-harvester harvest state (a lease so two harvests never
+interleave, and the checkpoint of the last committed page: see `lease`). What a
+harvested record becomes (its row, content hash and transform) is `rows`."""
 
 from __future__ import annotations
 
+import json
 import threading
 import types
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,28 +24,35 @@ from oaipmh_dagster.storage.lease import (
     KEEP,
     POLL_EVERY,
     STALE_AFTER,
+    Leases,
+    state_table,
+)
+from oaipmh_dagster.storage.ports import (
+    DATESTAMP_MAX,
+    DATESTAMP_PLACEHOLDER,
+    IDENTIFIER_MAX,
+    SCHEMA_ERROR,
+    WRITE_COLUMNS,
     HarvestInProgress,
     IsStale,
     LeaseLost,
-    Leases,
     LeaseWaitCancelled,
+    MetadataUpdate,
+    SchemaInvalid,
+    Selection,
     StoreError,
-    state_table,
+    failures,
+    utc_datestamp,
 )
 
 __all__ = [
     "DATESTAMP_MAX", "DATESTAMP_PLACEHOLDER", "IDENTIFIER_MAX", "STALE_AFTER",
     "WRITE_COLUMNS", "HarvestInProgress", "LeaseLost", "LeaseWaitCancelled", "MetadataUpdate",
-    "PageWrite", "SCHEMA_ERROR", "SchemaInvalid", "Store", "StoreError", "failures",
+    "SCHEMA_ERROR", "SQLPageWrite", "SchemaInvalid", "Store", "StoreError", "failures",
     "record_table", "state_table", "utc_datestamp",
 ]
 
 JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
-
-IDENTIFIER_MAX = 1024  # characters of oai_identifier
-DATESTAMP_MAX = 32  # characters of datestamp
-# Stored for a datestamp that cannot be read: it sorts before every real datestamp.
-DATESTAMP_PLACEHOLDER = "0000-01-01T00:00:00Z"
 
 record_table = sa.Table(
     "oaipmh_record",
@@ -64,10 +72,9 @@ record_table = sa.Table(
     sa.Column("content_hash", sa.String(32), nullable=True),
 )
 
-# The same table for the write path: JSON columns typed as text, because the writer
-# serializes them itself (caching the few distinct set lists), which halves the cost of
-# a page's upsert compared with per-value JSON processing.
-WRITE_COLUMNS = ("sets", "metadata", "errors")  # JSON columns written as JSON text
+# The same table for the write path: JSON columns (`WRITE_COLUMNS`) typed as text,
+# because the writer serializes them itself (caching the few distinct set lists), which
+# halves the cost of a page's upsert compared with per-value JSON processing.
 _record_write = sa.Table(
     "oaipmh_record",
     sa.MetaData(),
@@ -89,11 +96,6 @@ _PG_UPSERT = (
 UPSERT_ROWS = 500
 
 
-def utc_datestamp(dt: datetime) -> str:
-    """The store's datestamp form: ISO 8601 UTC to the second with a `Z`."""
-    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -103,29 +105,10 @@ def _aware(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value
 
 
-SCHEMA_ERROR = "schema"  # the error type of a schema violation (the record is kept)
-
-
-def failures(errors: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """The errors that mean a record failed: all but schema violations."""
-    return [e for e in errors or () if not (isinstance(e, dict)
-                                             and e.get("type") == SCHEMA_ERROR)]
-
-
 # Rows whose errors are not the empty list the writers store ("[]"): the scans for failed
 # and invalid records decode only these (every row's JSON took 0.1 s per 20,000 records,
 # three times a run).
 _HAS_ERRORS = sa.cast(record_table.c.errors, sa.Text) != "[]"
-
-
-@dataclass(frozen=True)
-class MetadataUpdate:
-    """New metadata (or the errors of a failed transform) of one stored record."""
-
-    identifier: str
-    metadata: Any
-    errors: list[dict[str, Any]]
-    transformed_at: datetime
 
 
 # The stored hashes of a page's records on PostgreSQL: one primary-key probe per
@@ -140,16 +123,7 @@ _PG_EXISTING = sa.text(
 )
 
 
-@dataclass(frozen=True)
-class SchemaInvalid:
-    """Live records with a schema error: how many, and (identifier, first message) of
-    the first few."""
-
-    count: int
-    sample: list[tuple[str, str]]
-
-
-class PageWrite:
+class SQLPageWrite:
     """The record writes of one transaction (`Store.page`): values are stored as given."""
 
     def __init__(self, conn: sa.Connection, harvester_id: str, upsert: Any,
@@ -248,7 +222,7 @@ class Store:
         if not identifiers:
             return {}
         with self.engine.connect() as conn:
-            return PageWrite(conn, harvester_id, self._upsert, self._existing).hashes(
+            return SQLPageWrite(conn, harvester_id, self._upsert, self._existing).hashes(
                 identifiers)
 
     # -- writes ---------------------------------------------------------------------
@@ -256,7 +230,7 @@ class Store:
     @contextmanager
     def page(
         self, harvester_id: str, run_id: str | None, checkpoint: dict[str, Any] | None = None,
-    ) -> Iterator[PageWrite]:
+    ) -> Iterator[SQLPageWrite]:
         """One transaction of record writes, committed with `checkpoint` (None keeps the
         saved one). While this store holds `run_id`'s lease the transaction is fenced:
         `LeaseLost` when another run took it over, and nothing is written."""
@@ -271,7 +245,7 @@ class Store:
                 self.leases.fence(conn, lease, KEEP if checkpoint is None else checkpoint)
             elif checkpoint is not None:
                 self.leases.save_checkpoint_in(conn, harvester_id, run_id, checkpoint)
-            yield PageWrite(conn, harvester_id, self._upsert, self._existing)
+            yield SQLPageWrite(conn, harvester_id, self._upsert, self._existing)
 
     @contextmanager
     def holding(
@@ -295,7 +269,7 @@ class Store:
             n = conn.execute(
                 record_table.delete().where(record_table.c.harvester_id == harvester_id)
             ).rowcount
-            conn.execute(state_table.delete().where(state_table.c.harvester_id == harvester_id))
+            Leases.forget_in(conn, harvester_id)
         return n
 
     # -- reads ----------------------------------------------------------------------
@@ -421,13 +395,23 @@ class Store:
                           else error.get("message", "")))
         return SchemaInvalid(total, first)
 
+    def has_records(self, harvester_id: str) -> bool:
+        """Whether any record (live or deleted) is stored under `harvester_id`."""
+        query = sa.select(sa.literal(1)).select_from(record_table).where(
+            record_table.c.harvester_id == harvester_id).limit(1)
+        with self.engine.connect() as conn:
+            return conn.execute(query).first() is not None
+
     def iter_records(
-        self, harvester_id: str, *, errors_only: bool = False, with_raw: bool = False,
-        batch: int = 1000, where: Sequence[Any] = (),
+        self, harvester_id: str, selection: Selection | None = None, *,
+        errors_only: bool = False, with_raw: bool = False, batch: int = 1000,
     ) -> Iterator[dict[str, Any]]:
-        """Every record of a harvester (that also meets the `where` conditions) as the
-        CLI's JSON objects, ordered by identifier, read in batches (constant memory)."""
+        """The records of a harvester in `selection` (every one without) as the CLI's
+        JSON objects, ordered by identifier, read in batches (constant memory);
+        `errors_only` as `Selection.errors_only`."""
         c = record_table.c
+        where = _where(self._postgres, selection) if selection is not None else []
+        errors_only = errors_only or (selection is not None and selection.errors_only)
         cols = [c.oai_identifier, c.datestamp, c.deleted, c.sets, c.metadata, c.errors,
                 c.harvested_at, c.run_id]
         if with_raw:
@@ -544,3 +528,36 @@ class Store:
     def state(self, harvester_id: str) -> dict[str, Any] | None:
         """The harvest state row of a harvester (None before its first harvest)."""
         return self.leases.state(harvester_id)
+
+    def forget(self, harvester_id: str) -> None:
+        """Drop the harvester's state: lease, checkpoint and recorded selection."""
+        self.leases.forget(harvester_id)
+
+    def selection_changed(self, harvester_id: str, held: str) -> None:
+        """The harvester's selection changed: drop the lease (a running harvest stops at
+        its next page) and the checkpoint, and record `held` as the selection whose
+        records the store holds unless one is recorded already."""
+        self.leases.selection_changed(harvester_id, held)
+
+
+def _has_set(postgres: bool, spec: str) -> sa.ColumnElement[bool]:
+    c = record_table.c
+    if postgres:
+        return c.sets.op("@>")(sa.cast(sa.literal(json.dumps([spec])), postgresql.JSONB))
+    each = sa.func.json_each(c.sets).table_valued("value")
+    return sa.exists().select_from(each).where(each.c.value == spec)
+
+
+def _where(postgres: bool, sel: Selection) -> list[sa.ColumnElement[bool]]:
+    """The selection's conditions beyond the harvester (`errors_only` is read apart)."""
+    c = record_table.c
+    where: list[sa.ColumnElement[bool]] = []
+    if sel.since is not None:
+        where.append(c.datestamp >= utc_datestamp(sel.since))  # the stored form sorts
+    if sel.set_spec is not None:
+        where.append(_has_set(postgres, sel.set_spec))
+    if sel.deleted is not None:
+        where.append(c.deleted.is_(sel.deleted))
+    if sel.oai_id is not None:
+        where.append(c.oai_identifier == sel.oai_id)
+    return where

@@ -1,4 +1,5 @@
-"""harvest(): a full harvest equals the server's data; re-runs, failures, oai_ids, resume."""
+"""harvest(): a full harvest equals the server's data; re-runs, failures, oai_ids, resume.
+A full harvest and a failure run on each database; the rest on the in-memory store."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from oaipmh_dagster.oai import ClientOptions, OAIError
 from oaipmh_dagster.storage.registry import Harvester
 from oaipmh_dagster.storage.store import Store
 from oaipmh_dagster_tests.helpers import expected_snapshot
+from oaipmh_dagster_tests.memory_store import MemoryStore
 from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 
 FAST = ClientOptions(max_retries=2, backoff_base=0.01, backoff_max=0.05, read_timeout=5)
@@ -60,8 +62,8 @@ def test_full_harvest_equals_server(database_url: str, server: OAIServer) -> Non
     assert {i["run_id"] for i in store.iter_records("t")} == {"r1"}
 
 
-def test_sets_and_incremental(database_url: str, server: OAIServer) -> None:
-    store = Store()
+def test_sets_and_incremental(memory_store: MemoryStore, server: OAIServer) -> None:
+    store = memory_store
     sets = ("datasets", "theses")
     harvest(_h(server, sets=sets), store, run_id="r1", options=FAST)
     assert store.snapshot("t") == expected_snapshot(server.dataset, sets=sets)
@@ -115,12 +117,12 @@ class Said(list):
     RunOptions(sets=["datasets"]),  # reads other lists
 ], ids=["oai_ids", "since", "sets"])
 def test_an_interrupted_harvest_resumes_after_another_one_succeeded(
-    database_url: str, server: OAIServer, between: RunOptions,
+    memory_store: MemoryStore, server: OAIServer, between: RunOptions,
 ) -> None:
     """Another harvest that succeeds in between, over other lists, leaves the
     interrupted list's checkpoint: the same harvest run again resumes it, as the
     interrupted run said it would."""
-    store = Store()
+    store = memory_store
     server.faults.add("malformed", verb="ListRecords", page=4, times=100)
     with pytest.raises(OAIError):
         harvest(_h(server), store, run_id="r1", options=FAST)
@@ -141,11 +143,11 @@ def test_an_interrupted_harvest_resumes_after_another_one_succeeded(
 
 
 def test_a_harvest_that_reads_the_interrupted_list_whole_clears_its_checkpoint(
-    database_url: str, server: OAIServer,
+    memory_store: MemoryStore, server: OAIServer,
 ) -> None:
     """An incremental list interrupted, then a full harvest (its list holds the other)
     succeeds: nothing is left to continue, and the next run says nothing of resuming."""
-    store = Store()
+    store = memory_store
     server.faults.add("malformed", verb="ListRecords", page=4, times=100)
     with pytest.raises(OAIError):
         harvest(_h(server), store, RunOptions(since="2019-06-01"), run_id="r1", options=FAST)
@@ -155,8 +157,8 @@ def test_a_harvest_that_reads_the_interrupted_list_whole_clears_its_checkpoint(
     assert store.state("t")["checkpoint"] is None
 
 
-def test_oai_ids_fetch_exactly_those(database_url: str, server: OAIServer) -> None:
-    store = Store()
+def test_oai_ids_fetch_exactly_those(memory_store: MemoryStore, server: OAIServer) -> None:
+    store = memory_store
     live = [r.identifier for r in server.dataset if not r.deleted][:5]
     stats = harvest(_h(server), store, RunOptions(oai_ids=live), run_id="r1", options=FAST)
     assert sorted(store.snapshot("t")) == sorted(live)
@@ -168,11 +170,12 @@ def test_oai_ids_fetch_exactly_those(database_url: str, server: OAIServer) -> No
                 options=FAST)
 
 
-def test_transform_failure_is_recorded_and_run_goes_on(database_url: str, server: OAIServer,
+def test_transform_failure_is_recorded_and_run_goes_on(memory_store: MemoryStore,
+                                                        server: OAIServer,
                                                         monkeypatch: pytest.MonkeyPatch,
                                                         ) -> None:
     monkeypatch.setenv("OAIPMH_TRANSFORMER_MODULES", __name__)  # the plugin's module
-    store = Store()
+    store = memory_store
     h = _h(server, transformer="oaipmh_dagster_tests.harvesting.test_harvest:picky")
     stats = harvest(h, store, run_id="r1", options=FAST)
     assert stats.failed > 0 and stats.records == 3000
@@ -191,12 +194,14 @@ def picky(element):  # noqa: ANN001, ANN201 - a plugin transformer for the test 
     return {"ok": True}
 
 
-def test_hooks_resolve_since_after_the_lease_and_hear_each_page(database_url: str) -> None:
+def test_hooks_resolve_since_after_the_lease_and_hear_each_page(
+    memory_store: MemoryStore,
+) -> None:
     """One hooks object: since is resolved once the lease is held, each committed page
     is reported; the older keyword arguments are the same hooks."""
     ds = make_dataset(50, seed=3)
     with OAIServer(ds, page_size=20) as srv:
-        store, h = Store(), _h(srv)
+        store, h = memory_store, _h(srv)
         asked: list[bool] = []
 
         def resolve() -> SinceChoice:

@@ -12,7 +12,7 @@ from oaipmh_dagster.demo.dataset import make_dataset
 from oaipmh_dagster.harvesting.harvest import harvest
 from oaipmh_dagster.oai import ClientOptions
 from oaipmh_dagster.storage.registry import Harvester
-from oaipmh_dagster.storage.store import Store
+from oaipmh_dagster_tests.memory_store import MemoryStore
 from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 
 FAST = ClientOptions(max_retries=2, backoff_base=0.01, backoff_max=0.05, read_timeout=5)
@@ -42,12 +42,13 @@ def _picky_crosswalk(path: Path, reject_last_digit: str) -> None:
 """, encoding="utf-8")
 
 
-def test_harvest_with_xslt(database_url: str, server: OAIServer, tmp_path: Path) -> None:
+def test_harvest_with_xslt(memory_store: MemoryStore, server: OAIServer,
+                           tmp_path: Path) -> None:
     sheet = tmp_path / "crosswalk.xsl"
     _picky_crosswalk(sheet, "7")
     h = Harvester(id="x", base_url=server.base_url, metadata_prefix="oai_dc",
                   transformer=f"xslt:{sheet}?source=Demo%20repository")
-    store = Store()
+    store = memory_store
     live = sum(1 for r in server.dataset if not r.deleted)
     rejected = sum(1 for r in server.dataset if not r.deleted
                    and r.metadata["oai_dc"].split("</dc:identifier>")[0][-1] == "7")
