@@ -261,10 +261,6 @@ class Listener:
     on_retry: Callable[[str], None] | None = None  # one line: cause, retry n of m, wait
 
 
-# The older form of `HarvestHooks.resolve_since`: (since, full, overlap, source).
-SinceAfterLease = Callable[[], tuple[str | None, bool, bool, str | None]]
-
-
 @dataclass(frozen=True)
 class HarvestHooks:
     """What a harvest asks of its caller, each optional: `resolve_since` is called once
@@ -279,15 +275,6 @@ class HarvestHooks:
     on_page: OnPage | None = None
     on_identify: Callable[[Identify], None] | None = None
 
-    @classmethod
-    def of(cls, *, is_stale: IsStale | None = None, on_page: OnPage | None = None,
-           since_after_lease: SinceAfterLease | None = None) -> HarvestHooks:
-        """The hooks of the older keyword arguments (`since_after_lease` returns the
-        tuple (since, full, overlap, source))."""
-        resolve = (None if since_after_lease is None
-                   else functools.partial(_since_choice, since_after_lease))
-        return cls(resolve, is_stale, on_page)
-
 
 def _identify(client: OAIClient, hooks: HarvestHooks) -> Identify:
     """The server's Identify answer, told to `hooks.on_identify` first."""
@@ -296,9 +283,6 @@ def _identify(client: OAIClient, hooks: HarvestHooks) -> Identify:
         hooks.on_identify(ident)
     return ident
 
-
-def _since_choice(since_after_lease: SinceAfterLease) -> SinceChoice:
-    return SinceChoice(*since_after_lease())
 
 
 def credentials(h: Harvester) -> dict[str, Any]:
@@ -409,9 +393,6 @@ def harvest(
     client: OAIClient | None = None,
     logger: logging.Logger | Any = log,
     hooks: HarvestHooks | None = None,
-    is_stale: IsStale | None = None,
-    on_page: OnPage | None = None,
-    since_after_lease: SinceAfterLease | None = None,
 ) -> HarvestStats:
     """Harvest `h` into `store` as `run` says (the defaults without one) and return the
     statistics; raise on failure.
@@ -420,7 +401,7 @@ def harvest(
     by the next one of the same list; a successful harvest of other lists leaves it. The
     statistics say which since the harvest may record (`next_since`) and whether it
     covered the harvester's whole selection (`covers_selection`). `hooks`: see
-    `HarvestHooks`; `is_stale`, `on_page`, `since_after_lease`: their older form.
+    `HarvestHooks`.
 
     When the store holds records of another selection (the URL, prefix or sets changed),
     a since a run recorded is not used (a full harvest), and the first full harvest read
@@ -428,8 +409,7 @@ def harvest(
     that would tombstone more than `h.max_delete` allows raises `MassDeleteHeldBack`
     unless `run.allow_mass_delete`."""
     run = run or RunOptions()
-    hooks = hooks or HarvestHooks.of(is_stale=is_stale, on_page=on_page,
-                                     since_after_lease=since_after_lease)
+    hooks = hooks or HarvestHooks()
     _checked(validate, h, run)
     started = time.perf_counter()
     stats = HarvestStats(harvester_id=h.id, sets=run.set_specs(h),

@@ -198,7 +198,7 @@ def test_hooks_resolve_since_after_the_lease_and_hear_each_page(
     memory_store: MemoryStore,
 ) -> None:
     """One hooks object: since is resolved once the lease is held, each committed page
-    is reported; the older keyword arguments are the same hooks."""
+    is reported."""
     ds = make_dataset(50, seed=3)
     with OAIServer(ds, page_size=20) as srv:
         store, h = memory_store, _h(srv)
@@ -214,10 +214,6 @@ def test_hooks_resolve_since_after_the_lease_and_hear_each_page(
         assert asked == [True]
         assert [p.pages for p in heard] == [1, 2, 3] and heard[-1].records == 50
         assert (stats.mode, type(stats.mode)) == ("full", str)
-        old: list[Progress] = []
-        again = harvest(h, store, run_id="r2", options=FAST, on_page=old.append,
-                        since_after_lease=lambda: (None, True, False, None))
-        assert (again.mode, again.unchanged, len(old)) == ("full", 50, 3)
 
 
 def test_modes_and_since_sources_reach_dagster_as_plain_strings() -> None:
