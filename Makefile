@@ -23,7 +23,7 @@ PYTEST = $(if $(TEST_TMPDIR),TMPDIR=$(TEST_TMPDIR)) $(BIN)/python -m pytest
 PORT ?= 3000
 OAI_PORT ?= 8765
 
-.PHONY: test check demo bench lint install clean chromium
+.PHONY: test check soak demo bench lint install clean chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,7 +61,13 @@ test: $(STAMP) chromium
 	$(BIN)/mypy
 	mkdir -p $(DAGSTER_HOME)
 	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/dg check defs
-	$(PYTEST) $(PARALLEL)
+	$(PYTEST) $(PARALLEL) -m "not soak"
+
+# The endurance cases that `make test` leaves out (README, Development); CI runs them
+# after `make test`.
+soak: $(STAMP)
+	mkdir -p $(DAGSTER_HOME)
+	$(PYTEST) $(PARALLEL) -m soak
 
 demo: $(RUNTIME_STAMP)
 	mkdir -p $(DAGSTER_HOME)

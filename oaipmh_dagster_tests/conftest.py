@@ -254,7 +254,6 @@ SLOW_MODULES = (
 )
 SLOW_TESTS = {
     "demo/test_invalid.py": ("test_demo_harvest_reports_the_invalid_records",),
-    "demo/test_server.py": ("test_make_dataset_200k_is_quick",),
     "oai/test_datestamps.py": ("test_parse_datestamp_never_crashes",),
     "oai/test_datestamp_forms.py": ("test_any_text_reads_or_is_refused_cleanly",),
     "oai/test_deadline.py": ("test_slow_response_within_the_deadline_succeeds",
@@ -331,6 +330,20 @@ SLOW_TESTS = {
     "transform/test_xml.py": ("test_generated_trees_round_trip",),
     "validation/test_setup.py": ("test_shipped_schemas_are_in_the_built_wheel",),
 }
+
+# -- the soak set: `make soak` runs the tests marked `soak`; `make test` and `make check` do not
+#
+# Endurance cases, whose length is the point rather than a cost: a load of concurrent runs
+# through a real `dagster dev`, many-round randomized convergence over dozens of seeds, a
+# 200,000-record data set. Named as SLOW_TESTS are (a name that no longer exists fails the
+# collection); CI runs `make test` and then `make soak`, so it still runs everything.
+
+SOAK_TESTS = {
+    "demo/test_server.py": ("test_make_dataset_200k_is_quick",),
+    "reliability/test_convergence.py": ("test_store_converges_to_the_server_soak",),
+    "reliability/test_load.py": ("test_load_through_run_queue_embedded",
+                                 "test_load_through_run_queue_postgres"),
+}
 TESTS_DIR = Path(__file__).resolve().parent
 
 
@@ -341,19 +354,37 @@ def is_slow(module: str, function: str) -> bool:
             or function in SLOW_TESTS.get(module, ()))
 
 
+def is_soak(module: str, function: str) -> bool:
+    """Whether the test `function` of `module` is left out of `make test` (`make soak`)."""
+    return function in SOAK_TESTS.get(module, ())
+
+
+def _check_listed(item: pytest.Item, module: str, lists: dict[str, dict[str, tuple[str, ...]]],
+                  checked: set[tuple[str, str]]) -> None:
+    """Fail the collection on a listed test that `module` no longer has."""
+    for list_name, listed in lists.items():
+        if module not in listed or (list_name, module) in checked:
+            continue
+        checked.add((list_name, module))
+        gone = [name for name in listed[module]
+                if not hasattr(getattr(item, "module", None), name)]
+        if gone:
+            raise pytest.UsageError(
+                f"conftest.{list_name} names tests that {module} no longer has: "
+                + ", ".join(gone))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests of the lists above `slow`; fail on a listed test that is gone."""
-    checked: set[str] = set()
+    """Mark the tests of the lists above `slow` or `soak` (a soak is slow too); fail on a
+    listed test that is gone."""
+    checked: set[tuple[str, str]] = set()
+    lists = {"SLOW_TESTS": SLOW_TESTS, "SOAK_TESTS": SOAK_TESTS}
     for item in items:
         module = Path(str(item.fspath)).resolve().relative_to(TESTS_DIR).as_posix()
         function = getattr(item, "originalname", item.name)
-        if is_slow(module, function):
+        soak = is_soak(module, function)
+        if soak or is_slow(module, function):
             item.add_marker(pytest.mark.slow)
-        if module in SLOW_TESTS and module not in checked:
-            checked.add(module)
-            gone = [name for name in SLOW_TESTS[module]
-                    if not hasattr(getattr(item, "module", None), name)]
-            if gone:
-                raise pytest.UsageError(
-                    f"conftest.SLOW_TESTS names tests that {module} no longer has: "
-                    + ", ".join(gone))
+        if soak:
+            item.add_marker(pytest.mark.soak)
+        _check_listed(item, module, lists, checked)
