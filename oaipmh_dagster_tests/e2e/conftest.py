@@ -29,6 +29,7 @@ LOCATION = "oaipmh_dagster"
 REPOSITORY = "__repository__"
 STARTUP_TIMEOUT = 180.0
 TERM_TIMEOUT = 20.0
+SENSOR_INTERVAL = 5  # seconds between the since sensor's ticks under test
 DAGSTER = Path(sys.executable).with_name("dagster")
 
 
@@ -128,6 +129,8 @@ class DagsterDev:
                    OAIPMH_DATABASE_URL=self.storage.database_url,
                    OAIPMH_DAGSTER_WEBSERVER=self.url,
                    OAIPMH_OP_RETRIES="0",  # a run failed on purpose fails at once
+                   # the daemon's since sensor ticks every 5 s, not once a minute
+                   OAIPMH_SINCE_SENSOR_INTERVAL=str(SENSOR_INTERVAL),
                    PYTHONUNBUFFERED="1")
         return env
 
