@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import HealthCheck, settings
 
 from oaipmh_dagster.storage import db
 
@@ -25,6 +26,12 @@ PG_URL = os.environ.get(
 REQUIRE_PG = os.environ.get("OAIPMH_REQUIRE_POSTGRES") == "1"
 
 _pg_checked: dict[str, str | None] = {}
+
+# Property tests judge results, never speed: Hypothesis's default 200 ms deadline per
+# example (and its "data generation too slow" check) failed them on a loaded machine.
+settings.register_profile("oaipmh", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("oaipmh")
 
 
 def postgres_unavailable() -> str | None:

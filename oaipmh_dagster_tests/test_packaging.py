@@ -149,6 +149,14 @@ def test_soak_marks_listed_tests_only() -> None:
     assert all((tests / module).is_file() for module in SOAK_TESTS)
 
 
+def test_property_tests_have_no_deadline() -> None:
+    """A Hypothesis example is never failed for its time (a loaded machine is slow)."""
+    from hypothesis import HealthCheck, settings
+
+    assert settings().deadline is None
+    assert HealthCheck.too_slow in settings().suppress_health_check
+
+
 def test_dg_check_defs_loads_the_harvesters(tmp_path: Path) -> None:
     """`dg check defs` (as `make test` runs it) finds the project through [tool.dg] and
     loads the code location with its harvesters."""
