@@ -266,6 +266,7 @@ SLOW_TESTS = {
     "oai/test_deadline.py": ("test_slow_response_within_the_deadline_succeeds",
                              "test_trickling_response_fails_at_the_deadline"),
     "oai/test_paging.py": ("test_memory_bounded_one_page_at_a_time",),
+    "oai/test_loopback.py": ("test_read_timeout_retried",),
     "cli/test_cli.py": ("test_add_loads_only_what_it_needs", "test_invalid_row",
                     "test_list_and_show", "test_records_after_a_real_harvest",
                     "test_remove_confirmed_on_stdin", "test_remove_yes",
