@@ -230,6 +230,37 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path,
             cleanup()
 
 
+def launch_dagster_dev(storage: Storage, workdir: Path, started: list[DagsterDev],
+                       workspace: Path | None = None,
+                       locations: Sequence[str] = (LOCATION,)) -> DagsterDev:
+    """Start `dagster dev` on `storage` (harvesters registered beforehand are loaded), on
+    `workspace` (the repository's workspace.yaml by default), appended to `started` at
+    once (whoever owns the list stops it), and wait until every one of `locations` is
+    loaded."""
+    port = free_port()
+    log_path = workdir / f"dagster-dev-{port}.log"
+    log = log_path.open("wb")
+    dev = DagsterDev(storage, port, None, log_path)  # type: ignore[arg-type]
+    dev.process = subprocess.Popen(
+        [str(DAGSTER), "dev", "-w", str(workspace or REPO_ROOT / "workspace.yaml"),
+         "-h", "127.0.0.1", "-p", str(port)],
+        cwd=str(workdir), env=dev.env(), stdout=log, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, start_new_session=True,
+    )
+    log.close()
+    started.append(dev)
+    wait_for("dagster dev to serve the code location", lambda: _ready(dev, locations),
+             STARTUP_TIMEOUT, on_timeout=dev.log_tail)
+    return dev
+
+
+def stop_all(started: list[DagsterDev]) -> None:
+    """End every `dagster dev` in `started` (its process group), before the storage goes."""
+    for dev in started:
+        dev.close_instance()
+        stop_process_group(dev.process)
+
+
 @pytest.fixture
 def start_dagster_dev(storage: Storage, tmp_path: Path) -> Iterator[Callable[..., DagsterDev]]:
     """Start `dagster dev` on the session's storage (harvesters registered beforehand are
@@ -239,25 +270,8 @@ def start_dagster_dev(storage: Storage, tmp_path: Path) -> Iterator[Callable[...
 
     def start(workspace: Path | None = None,
               locations: Sequence[str] = (LOCATION,)) -> DagsterDev:
-        """Start it on `workspace` (the repository's workspace.yaml by default) and wait
-        until every one of `locations` is loaded."""
-        port = free_port()
-        log_path = tmp_path / f"dagster-dev-{port}.log"
-        log = log_path.open("wb")
-        dev = DagsterDev(storage, port, None, log_path)  # type: ignore[arg-type]
-        dev.process = subprocess.Popen(
-            [str(DAGSTER), "dev", "-w", str(workspace or REPO_ROOT / "workspace.yaml"),
-             "-h", "127.0.0.1", "-p", str(port)],
-            cwd=str(tmp_path), env=dev.env(), stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )
-        log.close()
-        started.append(dev)
-        wait_for("dagster dev to serve the code location", lambda: _ready(dev, locations),
-                 STARTUP_TIMEOUT, on_timeout=dev.log_tail)
-        return dev
+        """Start it on `workspace` and wait until every one of `locations` is loaded."""
+        return launch_dagster_dev(storage, tmp_path, started, workspace, locations)
 
     yield start
-    for dev in started:
-        dev.close_instance()
-        stop_process_group(dev.process)
+    stop_all(started)
