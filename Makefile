@@ -9,11 +9,12 @@ RUNTIME_STAMP := $(VENV)/.installed
 DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export DAGSTER_HOME
 # pytest-xdist's workers for `make test` and `make check` (one test file per worker at a
-# time, so session and module fixtures are set up once); `make test JOBS=1`, or a venv
-# without pytest-xdist, runs the tests in one process.
+# time, so session and module fixtures are set up once; the files in the order of
+# collection, the longest first: oaipmh_dagster_tests/conftest.py, RUN_FIRST);
+# `make test JOBS=1`, or a venv without pytest-xdist, runs the tests in one process.
 JOBS ?= 2
 PARALLEL = $(shell [ "$(JOBS)" != 1 ] && $(BIN)/python -c "import xdist" 2>/dev/null \
-	&& echo "-n $(JOBS) --dist loadfile")
+	&& echo "-n $(JOBS) --dist loadfile --no-loadscope-reorder")
 # The tests' temporary files (every test's Dagster home and SQLite files) go to a RAM
 # file system when one with 4 GB free is at hand: SQLite's fsyncs there cost nothing.
 # `make test TEST_TMPDIR=` keeps the system's temporary folder.

@@ -352,6 +352,23 @@ SOAK_TESTS = {
     "reliability/test_load.py": ("test_load_through_run_queue_embedded",
                                  "test_load_through_run_queue_postgres"),
 }
+# -- the order: the longest files first -------------------------------------------------
+#
+# pytest-xdist's `--dist loadfile` hands each worker a whole file at a time, by default
+# the files with the most tests first: the `dagster dev` sessions (a test or two each, but
+# minutes long) came last, and one worker ran them alone while the other sat idle. Make
+# passes `--no-loadscope-reorder`, and these files, the longest measured in `make test`
+# (per-file sums of --durations), are collected first, longest first; the rest keep their
+# order and fill the gaps. Listed names must exist (collection fails otherwise).
+
+RUN_FIRST = (
+    "e2e/test_dagster_dev.py", "defs/test_since.py", "e2e/test_shards_dev.py",
+    "reliability/test_hangs.py", "browser/test_ui.py", "harvesting/test_sweep.py",
+    "reliability/test_convergence.py", "e2e/test_ui_buttons.py", "defs/test_job.py",
+    "reliability/test_faults.py", "harvesting/test_harvest_xslt_limits.py",
+    "harvesting/test_windows.py", "harvesting/test_reconcile.py",
+    "defs/test_ui_launches.py", "harvesting/test_short_list.py",
+)
 TESTS_DIR = Path(__file__).resolve().parent
 
 
@@ -387,8 +404,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     listed test that is gone."""
     checked: set[tuple[str, str]] = set()
     lists = {"SLOW_TESTS": SLOW_TESTS, "SOAK_TESTS": SOAK_TESTS}
+    modules: dict[str, str] = {}
     for item in items:
         module = Path(str(item.fspath)).resolve().relative_to(TESTS_DIR).as_posix()
+        modules[item.nodeid] = module
         function = getattr(item, "originalname", item.name)
         soak = is_soak(module, function)
         if soak or is_slow(module, function):
@@ -396,3 +415,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if soak:
             item.add_marker(pytest.mark.soak)
         _check_listed(item, module, lists, checked)
+    missing = [module for module in RUN_FIRST if not (TESTS_DIR / module).is_file()]
+    if missing:
+        raise pytest.UsageError("conftest.RUN_FIRST names files that do not exist: "
+                                + ", ".join(missing))
+    rank = {module: i for i, module in enumerate(RUN_FIRST)}
+    items.sort(key=lambda item: rank.get(modules[item.nodeid], len(RUN_FIRST)))

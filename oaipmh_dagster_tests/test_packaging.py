@@ -149,6 +149,20 @@ def test_soak_marks_listed_tests_only() -> None:
     assert all((tests / module).is_file() for module in SOAK_TESTS)
 
 
+def test_the_longest_files_are_collected_first(request: pytest.FixtureRequest) -> None:
+    """RUN_FIRST's files lead the collection, in its order (xdist then starts them first)."""
+    from oaipmh_dagster_tests.conftest import RUN_FIRST, TESTS_DIR
+
+    assert all((TESTS_DIR / module).is_file() for module in RUN_FIRST)
+    assert len(set(RUN_FIRST)) == len(RUN_FIRST)
+    order = [Path(str(item.fspath)).relative_to(TESTS_DIR).as_posix()
+             for item in request.session.items]
+    firsts = [module for module in dict.fromkeys(order) if module in RUN_FIRST]
+    assert firsts == [module for module in RUN_FIRST if module in order]
+    listed = [module in RUN_FIRST for module in order]
+    assert listed == sorted(listed, reverse=True)  # before every other file
+
+
 def test_property_tests_have_no_deadline() -> None:
     """A Hypothesis example is never failed for its time (a loaded machine is slow)."""
     from hypothesis import HealthCheck, settings
