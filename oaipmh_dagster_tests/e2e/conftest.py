@@ -193,7 +193,10 @@ def _ready(dev: DagsterDev, locations: Sequence[str] = (LOCATION,)) -> bool:
 
 
 def stop_process_group(process: subprocess.Popen, timeout: float = TERM_TIMEOUT) -> None:
-    """SIGTERM the whole process group, then SIGKILL it after a bounded wait."""
+    """SIGTERM the whole process group, then SIGKILL it after a bounded wait. Once
+    `dagster dev` itself has exited, whoever is left in its group (a code server that its
+    webserver or daemon started while shutting down, after the first SIGTERM) gets
+    SIGTERM again."""
     try:
         pgid = os.getpgid(process.pid)
     except ProcessLookupError:
@@ -205,9 +208,9 @@ def stop_process_group(process: subprocess.Popen, timeout: float = TERM_TIMEOUT)
         with suppress(subprocess.TimeoutExpired):
             process.wait(timeout=0.5)
         try:
-            os.killpg(pgid, 0)  # anyone left in the group?
+            os.killpg(pgid, signal.SIGTERM if process.poll() is not None else 0)
         except ProcessLookupError:
-            break
+            break  # nobody left in the group
     with suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
     with suppress(subprocess.TimeoutExpired):
