@@ -15,6 +15,9 @@ export DAGSTER_HOME
 JOBS ?= 2
 PARALLEL = $(shell [ "$(JOBS)" != 1 ] && $(BIN)/python -c "import xdist" 2>/dev/null \
 	&& echo "-n $(JOBS) --dist loadfile --no-loadscope-reorder")
+# The soak set is a few files of many long cases: its tests are spread one by one.
+SOAK_PARALLEL = $(shell [ "$(JOBS)" != 1 ] && $(BIN)/python -c "import xdist" 2>/dev/null \
+	&& echo "-n $(JOBS) --dist load")
 # The tests' temporary files (every test's Dagster home and SQLite files) go to a RAM
 # file system when one with 4 GB free is at hand: SQLite's fsyncs there cost nothing.
 # `make test TEST_TMPDIR=` keeps the system's temporary folder.
@@ -68,7 +71,7 @@ test: $(STAMP) chromium
 # after `make test`.
 soak: $(STAMP)
 	mkdir -p $(DAGSTER_HOME)
-	$(PYTEST) $(PARALLEL) -m soak
+	$(PYTEST) $(SOAK_PARALLEL) -m soak
 
 demo: $(RUNTIME_STAMP)
 	mkdir -p $(DAGSTER_HOME)
