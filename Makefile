@@ -9,11 +9,15 @@ RUNTIME_STAMP := $(VENV)/.installed
 DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 export DAGSTER_HOME
 # pytest-xdist's workers for `make test` and `make check` (one test file per worker at a
-# time, so session and module fixtures are set up once); `make test JOBS=1`, or a venv
-# without pytest-xdist, runs the tests in one process.
+# time, so session and module fixtures are set up once; the files in the order of
+# collection, the longest first: oaipmh_dagster_tests/conftest.py, RUN_FIRST);
+# `make test JOBS=1`, or a venv without pytest-xdist, runs the tests in one process.
 JOBS ?= 2
 PARALLEL = $(shell [ "$(JOBS)" != 1 ] && $(BIN)/python -c "import xdist" 2>/dev/null \
-	&& echo "-n $(JOBS) --dist loadfile")
+	&& echo "-n $(JOBS) --dist loadfile --no-loadscope-reorder")
+# The soak set is a few files of many long cases: its tests are spread one by one.
+SOAK_PARALLEL = $(shell [ "$(JOBS)" != 1 ] && $(BIN)/python -c "import xdist" 2>/dev/null \
+	&& echo "-n $(JOBS) --dist load")
 # The tests' temporary files (every test's Dagster home and SQLite files) go to a RAM
 # file system when one with 4 GB free is at hand: SQLite's fsyncs there cost nothing.
 # `make test TEST_TMPDIR=` keeps the system's temporary folder.
@@ -23,7 +27,7 @@ PYTEST = $(if $(TEST_TMPDIR),TMPDIR=$(TEST_TMPDIR)) $(BIN)/python -m pytest
 PORT ?= 3000
 OAI_PORT ?= 8765
 
-.PHONY: test check demo bench lint install clean chromium
+.PHONY: test check soak demo bench lint install clean chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,7 +65,13 @@ test: $(STAMP) chromium
 	$(BIN)/mypy
 	mkdir -p $(DAGSTER_HOME)
 	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/dg check defs
-	$(PYTEST) $(PARALLEL)
+	$(PYTEST) $(PARALLEL) -m "not soak"
+
+# The endurance cases that `make test` leaves out (README, Development); CI runs them
+# after `make test`.
+soak: $(STAMP)
+	mkdir -p $(DAGSTER_HOME)
+	$(PYTEST) $(SOAK_PARALLEL) -m soak
 
 demo: $(RUNTIME_STAMP)
 	mkdir -p $(DAGSTER_HOME)

@@ -116,8 +116,15 @@ def test_make_check_is_lint_types_and_the_fast_tests() -> None:
                                                        "not", 'browser"']
 
 
-def test_make_test_runs_every_test() -> None:
-    assert _pytest_line("test", "JOBS=1").split() == []
+def test_make_test_runs_every_test_but_the_soak_set() -> None:
+    assert _pytest_line("test", "JOBS=1").split() == ["-m", '"not', 'soak"']
+
+
+def test_make_soak_runs_the_soak_set_and_ci_runs_it_after_make_test() -> None:
+    assert _pytest_line("soak", "JOBS=1").split() == ["-m", "soak"]
+    commands = [line.strip() for line in (REPO_ROOT / ".ci" / "run").read_text().splitlines()
+                if line.startswith("make ")]
+    assert commands == ["make test", "make soak"]
 
 
 def test_slow_marks_folders_modules_and_listed_tests() -> None:
@@ -130,6 +137,38 @@ def test_slow_marks_folders_modules_and_listed_tests() -> None:
     assert not is_slow("harvesting/test_plan.py", "test_anything")
     tests = REPO_ROOT / "oaipmh_dagster_tests"
     assert all((tests / module).is_file() for module in (*SLOW_MODULES, *SLOW_TESTS))
+
+
+def test_soak_marks_listed_tests_only() -> None:
+    from oaipmh_dagster_tests.conftest import SOAK_TESTS, is_soak
+
+    assert is_soak("reliability/test_load.py", "test_load_through_run_queue_embedded")
+    assert not is_soak("reliability/test_load.py", "test_anything")
+    assert not is_soak("e2e/test_dagster_dev.py", "test_dagster_dev_end_to_end")
+    tests = REPO_ROOT / "oaipmh_dagster_tests"
+    assert all((tests / module).is_file() for module in SOAK_TESTS)
+
+
+def test_the_longest_files_are_collected_first(request: pytest.FixtureRequest) -> None:
+    """RUN_FIRST's files lead the collection, in its order (xdist then starts them first)."""
+    from oaipmh_dagster_tests.conftest import RUN_FIRST, TESTS_DIR
+
+    assert all((TESTS_DIR / module).is_file() for module in RUN_FIRST)
+    assert len(set(RUN_FIRST)) == len(RUN_FIRST)
+    order = [Path(str(item.fspath)).relative_to(TESTS_DIR).as_posix()
+             for item in request.session.items]
+    firsts = [module for module in dict.fromkeys(order) if module in RUN_FIRST]
+    assert firsts == [module for module in RUN_FIRST if module in order]
+    listed = [module in RUN_FIRST for module in order]
+    assert listed == sorted(listed, reverse=True)  # before every other file
+
+
+def test_property_tests_have_no_deadline() -> None:
+    """A Hypothesis example is never failed for its time (a loaded machine is slow)."""
+    from hypothesis import HealthCheck, settings
+
+    assert settings().deadline is None
+    assert HealthCheck.too_slow in settings().suppress_health_check
 
 
 def test_dg_check_defs_loads_the_harvesters(tmp_path: Path) -> None:

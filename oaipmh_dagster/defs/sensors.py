@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -29,8 +30,11 @@ from oaipmh_dagster.harvesting.incremental import SinceState
 from oaipmh_dagster.storage.registry import Harvester
 
 MAX_RUNS_PER_TICK = 500
-# Dagster stores the whole cursor in every tick row: one tick a minute at most.
+# Dagster stores the whole cursor in every tick row: one tick a minute by default.
 SENSOR_INTERVAL_SECONDS = 60
+# Seconds between ticks: Dagster's sensor daemon looks at its sensors every 5 s at most.
+SENSOR_INTERVAL_ENV = "OAIPMH_SINCE_SENSOR_INTERVAL"
+SENSOR_INTERVAL_BOUNDS = (5, 3600)
 # Harvesters whose cursor entry is refreshed from the published since per tick (so a
 # `since set` from the CLI shows in the cursor), round robin: bounded work per tick.
 REFRESH_PER_TICK = 50
@@ -314,6 +318,19 @@ def report(instance: dg.DagsterInstance, tick: Tick) -> None:
         instance.report_runless_asset_event(event)
 
 
+def sensor_interval(environ: Mapping[str, str] | None = None) -> int:
+    """Seconds between the since sensor's ticks: `$OAIPMH_SINCE_SENSOR_INTERVAL`, default
+    60; ValueError (one line) when it is not a whole number in the bounds."""
+    raw = (os.environ if environ is None else environ).get(SENSOR_INTERVAL_ENV, "").strip()
+    if not raw:
+        return SENSOR_INTERVAL_SECONDS
+    low, high = SENSOR_INTERVAL_BOUNDS
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise ValueError(f"${SENSOR_INTERVAL_ENV} must be a whole number of seconds in "
+                         f"[{low}, {high}], not {raw!r}")
+    return int(raw)
+
+
 def build_since_sensor(
     harvesters: Sequence[Harvester], location_name: str | None = None
 ) -> dg.SensorDefinition:
@@ -322,7 +339,7 @@ def build_since_sensor(
 
     @dg.sensor(
         name=SENSOR_NAME,
-        minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
+        minimum_interval_seconds=sensor_interval(),
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
             "Publishes each harvester's since: the server's responseDate at the start of "

@@ -260,6 +260,7 @@ def dagster_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterUI]:
         "DAGSTER_HOME": str(home),
         "OAIPMH_DATABASE_URL": f"sqlite:///{base / 'oaipmh.sqlite'}",
         "OAIPMH_DAGSTER_WEBSERVER": base_url,
+        "OAIPMH_SINCE_SENSOR_INTERVAL": "5",  # the cursor step waits for a tick
         "PYTHONUNBUFFERED": "1",
     }
     log_path = ARTIFACTS / "oaipmh-dagster-demo.log"

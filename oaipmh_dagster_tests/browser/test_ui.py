@@ -43,20 +43,26 @@ RUN_QUERY = """
 query Run($runId: ID!) { runOrError(runId: $runId) { __typename
   ... on Run { status jobName tags { key value } } } }
 """
-LATEST_SUCCESS_QUERY = """
-query Latest($job: String!) { runsOrError(filter: {pipelineName: $job, statuses: [SUCCESS]},
-  limit: 1) { ... on Runs { results { runId } } } }
+# The demo harvester's hourly schedule ("0 * * * *") may add a run of its own during the
+# tour: the steps read the run the tour launched, and that run's materializations and
+# checks, by its id (a scheduled run carries the tag dagster/schedule_name).
+SCHEDULE_NAME_TAG = "dagster/schedule_name"
+RECENT = 10  # more than the scheduled runs an hour-long tour could see
+SUCCESS_QUERY = """
+query Latest($job: String!, $limit: Int!) { runsOrError(
+  filter: {pipelineName: $job, statuses: [SUCCESS]}, limit: $limit) {
+  ... on Runs { results { runId tags { key value } } } } }
 """
 MATERIALIZATION_QUERY = """
 query Mat($path: [String!]!) { assetOrError(assetKey: {path: $path}) { __typename
-  ... on Asset { assetMaterializations(limit: 1) { runId timestamp metadataEntries { label
+  ... on Asset { assetMaterializations(limit: 10) { runId timestamp metadataEntries { label
     ... on TextMetadataEntry { text } ... on IntMetadataEntry { intValue }
     ... on BoolMetadataEntry { boolValue } ... on MarkdownMetadataEntry { mdStr }
     ... on JsonMetadataEntry { jsonString } } } } } }
 """
 CHECK_QUERY = """
 query Check($key: AssetKeyInput!, $name: String!) {
-  assetCheckExecutions(assetKey: $key, checkName: $name, limit: 1) { runId status
+  assetCheckExecutions(assetKey: $key, checkName: $name, limit: 10) { runId status
     evaluation { severity success metadataEntries { label
       ... on IntMetadataEntry { intValue } ... on TextMetadataEntry { text }
       ... on MarkdownMetadataEntry { mdStr } } } } }
@@ -106,21 +112,46 @@ def run_id_in(url: str) -> str:
     return match.group(1)
 
 
-def latest_success_run(ui: DagsterUI) -> str:
-    """The newest successful run of the demo job (after test 1: the one the UI launched)."""
-    runs = ui.graphql(LATEST_SUCCESS_QUERY, {"job": JOB})["runsOrError"]["results"]
-    assert runs, f"no successful run of {JOB}"
-    return runs[0]["runId"]
+def launched_run(ui: DagsterUI) -> str:
+    """The newest successful run of the demo job that no schedule launched (after test 1:
+    the one the UI launched)."""
+    runs = ui.graphql(SUCCESS_QUERY, {"job": JOB, "limit": RECENT})["runsOrError"]["results"]
+    unscheduled = [r["runId"] for r in runs
+                   if SCHEDULE_NAME_TAG not in {t["key"] for t in r["tags"]}]
+    assert unscheduled, f"no successful run of {JOB} but scheduled ones: {runs}"
+    return unscheduled[0]
 
 
-def latest_materialization(ui: DagsterUI, name: str) -> tuple[str, dict[str, Any]]:
-    """(run id, {label: value}) of an asset's newest materialization."""
+def materializations(ui: DagsterUI, name: str) -> list[dict[str, Any]]:
+    """An asset's newest materializations, newest first."""
     path = ["oaipmh", HARVESTER, name]
     asset = ui.graphql(MATERIALIZATION_QUERY, {"path": path})["assetOrError"]
     assert asset["__typename"] == "Asset", asset
     mats = asset["assetMaterializations"]
     assert mats, f"{'/'.join(path)} was never materialized"
-    return mats[0]["runId"], entry_values(mats[0]["metadataEntries"])
+    return mats
+
+
+def latest_materialization(ui: DagsterUI, name: str) -> tuple[str, dict[str, Any]]:
+    """(run id, {label: value}) of an asset's newest materialization."""
+    newest = materializations(ui, name)[0]
+    return newest["runId"], entry_values(newest["metadataEntries"])
+
+
+def materialization_of(ui: DagsterUI, name: str, run_id: str) -> dict[str, Any]:
+    """{label: value} of the asset's materialization by run `run_id`."""
+    mats = [m for m in materializations(ui, name) if m["runId"] == run_id]
+    assert mats, f"run {run_id} did not materialize {name}"
+    return entry_values(mats[0]["metadataEntries"])
+
+
+def materialization_before(ui: DagsterUI, name: str, run_id: str) -> dict[str, Any]:
+    """{label: value} of the asset's materialization just before run `run_id`'s (the one
+    whose since that run resolved: runs of one harvester never overlap)."""
+    mats = materializations(ui, name)
+    at = next(i for i, m in enumerate(mats) if m["runId"] == run_id)
+    assert at + 1 < len(mats), f"no materialization of {name} before run {run_id}"
+    return entry_values(mats[at + 1]["metadataEntries"])
 
 
 def entry_values(entries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -134,24 +165,24 @@ def entry_values(entries: list[dict[str, Any]]) -> dict[str, Any]:
     return values
 
 
-def latest_check(ui: DagsterUI, asset: str, check: str) -> dict[str, Any]:
-    """The newest execution of an asset check: runId, status, evaluation (its metadata
-    as {label: value} under `metadata`)."""
+def check_of(ui: DagsterUI, asset: str, check: str, run_id: str) -> dict[str, Any]:
+    """The execution of an asset check in run `run_id`: runId, status, evaluation (its
+    metadata as {label: value} under `metadata`)."""
     key = {"path": ["oaipmh", HARVESTER, asset]}
     executions = ui.graphql(CHECK_QUERY, {"key": key, "name": check})["assetCheckExecutions"]
-    assert executions, f"{check} on {asset} never ran"
+    executions = [e for e in executions if e["runId"] == run_id]
+    assert executions, f"{check} on {asset} did not run in run {run_id}"
     execution = executions[0]
     execution["metadata"] = entry_values(execution["evaluation"]["metadataEntries"])
     return execution
 
 
-def materialization_events_url(ui: DagsterUI, name: str) -> str:
-    """The asset's Events tab focused on its newest materialization (the since sensor's
-    observations of raw_records are newer events: without `time` the tab shows those)."""
-    path = ["oaipmh", HARVESTER, name]
-    asset = ui.graphql(MATERIALIZATION_QUERY, {"path": path})["assetOrError"]
-    stamp = asset["assetMaterializations"][0]["timestamp"]
-    return f"/assets/{'/'.join(path)}?view=events&time={stamp}"
+def materialization_events_url(ui: DagsterUI, name: str, run_id: str) -> str:
+    """The asset's Events tab focused on its materialization by run `run_id` (the since
+    sensor's observations of raw_records are newer events: without `time` the tab shows
+    those)."""
+    (stamp,) = [m["timestamp"] for m in materializations(ui, name) if m["runId"] == run_id]
+    return f"/assets/oaipmh/{HARVESTER}/{name}?view=events&time={stamp}"
 
 
 def schedule_status(ui: DagsterUI, name: str) -> str:
@@ -260,13 +291,14 @@ def test_launch_demo_job_from_launchpad(dagster_ui: DagsterUI, page: Any, shot: 
     expect(dialog.get_by_text("Ignore the remembered since")).to_be_visible()
     shot(page, "02-launchpad")
 
-    _, before = latest_materialization(dagster_ui, "raw_records")  # the demo's harvest
-    assert before["oai/advances_since"] is True and before["oai/next_since"], before
     launch.click()
     page.wait_for_url(RUN_ID, timeout=60_000)
     run_id = run_id_in(page.url)
 
     assert wait_for_run(dagster_ui, run_id) == "SUCCESS", dagster_ui.log_tail()
+    # The demo's harvest (or a scheduled run after it): what the launched run followed.
+    before = materialization_before(dagster_ui, "raw_records", run_id)
+    assert before["oai/advances_since"] is True and before["oai/next_since"], before
     run = dagster_ui.graphql(RUN_QUERY, {"runId": run_id})["runOrError"]
     assert run["jobName"] == JOB
     tags = {t["key"]: t["value"] for t in run["tags"]}
@@ -303,7 +335,7 @@ def test_launch_demo_job_from_launchpad(dagster_ui: DagsterUI, page: Any, shot: 
 
 def test_asset_graph_and_materialization(dagster_ui: DagsterUI, page: Any, shot: Any) -> None:
     """Step 2: source -> raw_records -> records, and the latest materialization's metadata."""
-    run_id = latest_success_run(dagster_ui)
+    run_id = launched_run(dagster_ui)
     nodes = dagster_ui.graphql(GROUP_QUERY, {"group": GROUP, "location": LOCATION,
                                              "repo": REPOSITORY})["assetNodes"]
     deps = {n["assetKey"]["path"][-1]: sorted(d["path"][-1] for d in n["dependencyKeys"])
@@ -317,9 +349,8 @@ def test_asset_graph_and_materialization(dagster_ui: DagsterUI, page: Any, shot:
     expect_materialized(page, 2)
     shot(page, "05-asset-graph")
 
-    raw_run, raw = latest_materialization(dagster_ui, "raw_records")
-    assert raw_run == run_id
-    page.goto(materialization_events_url(dagster_ui, "raw_records"))
+    raw = materialization_of(dagster_ui, "raw_records", run_id)
+    page.goto(materialization_events_url(dagster_ui, "raw_records", run_id))
     expect(page.get_by_text("Materialized in run")).to_be_visible(timeout=60_000)
     expect(page.get_by_role("link", name=run_id[:8]).first).to_be_visible()
     for label in ("oai/next_since", "oai/advances_since", "oai/scope", "oai/response_date",
@@ -331,10 +362,9 @@ def test_asset_graph_and_materialization(dagster_ui: DagsterUI, page: Any, shot:
     expect(row_value(page, "oai/since_source").first).to_have_text("run")
     shot(page, "06-raw-records-metadata")
 
-    records_run, records = latest_materialization(dagster_ui, "records")
-    assert records_run == run_id
+    records = materialization_of(dagster_ui, "records", run_id)
     assert records["dagster/row_count"] > 0
-    page.goto(materialization_events_url(dagster_ui, "records"))
+    page.goto(materialization_events_url(dagster_ui, "records", run_id))
     expect(page.get_by_role("link", name=run_id[:8]).first).to_be_visible(timeout=60_000)
     expect(row_value(page, "dagster/row_count").first).to_have_text(
         str(records["dagster/row_count"]))
@@ -365,16 +395,15 @@ def test_coverage_and_schema_check(dagster_ui: DagsterUI, page: Any, shot: Any) 
     """Step 2b: the records' field coverage (the record whose dc:titel the demo serves has
     no title), and the schema_valid check on raw_records: a warning naming the three
     records whose oai_dc the schema rejects."""
-    run_id = latest_success_run(dagster_ui)
-    records_run, records = latest_materialization(dagster_ui, "records")
-    assert records_run == run_id
+    run_id = launched_run(dagster_ui)
+    records = materialization_of(dagster_ui, "records", run_id)
     live = records["dagster/row_count"]
     coverage = records["coverage"]
     # One live record (the misspelt dc:titel) lacks a title; every other one has one.
     assert coverage["title"] == round((live - 1) / live, 4) < 1, coverage
     assert records["coverage_note"] == f"All {live} live records."
 
-    page.goto(materialization_events_url(dagster_ui, "records"))
+    page.goto(materialization_events_url(dagster_ui, "records", run_id))
     expect(page.get_by_role("link", name=run_id[:8]).first).to_be_visible(timeout=60_000)
     shown_json = row_value(page, "coverage").first
     expect(shown_json).to_contain_text('"title"')
@@ -404,8 +433,7 @@ def test_coverage_and_schema_check(dagster_ui: DagsterUI, page: Any, shot: Any) 
     if page.get_by_role("dialog").count():
         page.get_by_role("dialog").get_by_role("button", name="Close").click()
 
-    check = latest_check(dagster_ui, "raw_records", "schema_valid")
-    assert check["runId"] == run_id  # it ran with the launched harvest
+    check = check_of(dagster_ui, "raw_records", "schema_valid", run_id)  # with the harvest
     assert check["status"] == "FAILED"
     assert (check["evaluation"]["severity"], check["evaluation"]["success"]) == ("WARN", False)
     found = check["metadata"]
@@ -472,9 +500,8 @@ def test_toggle_schedule(dagster_ui: DagsterUI, page: Any, shot: Any,
 
 def test_since_sensor_cursor(dagster_ui: DagsterUI, page: Any, shot: Any) -> None:
     """Step 4: the since sensor's cursor holds the launched run's `oai/next_since`."""
-    run_id = latest_success_run(dagster_ui)
-    raw_run, raw = latest_materialization(dagster_ui, "raw_records")
-    assert raw_run == run_id
+    run_id = launched_run(dagster_ui)
+    raw = materialization_of(dagster_ui, "raw_records", run_id)
     expected = raw["oai/next_since"]
     assert expected and raw["oai/advances_since"] is True, raw
     run = dagster_ui.graphql(RUN_QUERY, {"runId": run_id})["runOrError"]
@@ -483,7 +510,7 @@ def test_since_sensor_cursor(dagster_ui: DagsterUI, page: Any, shot: Any) -> Non
 
     page.goto(f"/locations/{LOCATION}/sensors/{SENSOR}")
     cursor_cell = row_value(page, "Cursor").first
-    # The daemon evaluates the sensor once a minute: reload until its cursor has the run.
+    # The daemon evaluates the sensor every 5 s here: reload until its cursor has the run.
     deadline = time.monotonic() + 120.0
     while True:
         expect(cursor_cell).to_be_visible(timeout=60_000)

@@ -97,7 +97,8 @@ def test_records_only_retransforms_without_server(sqlite_url: str, server: OAISe
 
 def test_since_sensor_advances_only_on_success(sqlite_url: str, server: OAIServer,
                                                instance: dg.DagsterInstance) -> None:
-    h = add_harvester("j", server.base_url)
+    # No client retries: the failed run below fails at once (5 retries back off ~30 s).
+    h = add_harvester("j", server.base_url, max_retries=0)
     server.clock = lambda: datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
     assert _run(h, instance).success
     cursor = _tick_sensor(h, instance, None)

@@ -7,6 +7,7 @@ import json
 from datetime import UTC, datetime
 
 import dagster as dg
+import pytest
 
 from oaipmh_dagster.definitions import build_definitions
 from oaipmh_dagster.defs import sensors
@@ -49,11 +50,31 @@ def test_the_cursor_holds_at_most_64_bytes_per_harvester(instance: dg.DagsterIns
     assert len(cursor.encode()) / 200 <= 64, len(cursor)
 
 
-def test_the_sensor_ticks_at_most_once_a_minute() -> None:
-    sensor = build_definitions([], LOCATION).get_repository_def().get_sensor_def(
-        sensors.SENSOR_NAME)
-    assert sensor.minimum_interval_seconds is not None
-    assert sensor.minimum_interval_seconds >= 60
+def _interval() -> int | None:
+    return build_definitions([], LOCATION).get_repository_def().get_sensor_def(
+        sensors.SENSOR_NAME).minimum_interval_seconds
+
+
+def test_the_sensor_ticks_at_most_once_a_minute_by_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(sensors.SENSOR_INTERVAL_ENV, raising=False)
+    assert _interval() == 60
+    monkeypatch.setenv(sensors.SENSOR_INTERVAL_ENV, " ")
+    assert _interval() == 60
+
+
+def test_the_interval_is_set_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(sensors.SENSOR_INTERVAL_ENV, "5")
+    assert _interval() == 5
+    monkeypatch.setenv(sensors.SENSOR_INTERVAL_ENV, "3600")
+    assert _interval() == 3600
+
+
+@pytest.mark.parametrize("raw", ["4", "3601", "0", "-5", "30s", "1.5", "soon"])
+def test_an_interval_out_of_bounds_is_refused(raw: str) -> None:
+    with pytest.raises(ValueError, match=r"OAIPMH_SINCE_SENSOR_INTERVAL must be a whole "
+                                         r"number of seconds in \[5, 3600\], not"):
+        sensors.sensor_interval({sensors.SENSOR_INTERVAL_ENV: raw})
 
 
 def test_an_empty_cursor_fills_every_entry_at_once(instance: dg.DagsterInstance) -> None:

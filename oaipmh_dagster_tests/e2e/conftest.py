@@ -29,6 +29,7 @@ LOCATION = "oaipmh_dagster"
 REPOSITORY = "__repository__"
 STARTUP_TIMEOUT = 180.0
 TERM_TIMEOUT = 20.0
+SENSOR_INTERVAL = 5  # seconds between the since sensor's ticks under test
 DAGSTER = Path(sys.executable).with_name("dagster")
 
 
@@ -128,6 +129,8 @@ class DagsterDev:
                    OAIPMH_DATABASE_URL=self.storage.database_url,
                    OAIPMH_DAGSTER_WEBSERVER=self.url,
                    OAIPMH_OP_RETRIES="0",  # a run failed on purpose fails at once
+                   # the daemon's since sensor ticks every 5 s, not once a minute
+                   OAIPMH_SINCE_SENSOR_INTERVAL=str(SENSOR_INTERVAL),
                    PYTHONUNBUFFERED="1")
         return env
 
@@ -190,7 +193,10 @@ def _ready(dev: DagsterDev, locations: Sequence[str] = (LOCATION,)) -> bool:
 
 
 def stop_process_group(process: subprocess.Popen, timeout: float = TERM_TIMEOUT) -> None:
-    """SIGTERM the whole process group, then SIGKILL it after a bounded wait."""
+    """SIGTERM the whole process group, then SIGKILL it after a bounded wait. Once
+    `dagster dev` itself has exited, whoever is left in its group (a code server that its
+    webserver or daemon started while shutting down, after the first SIGTERM) gets
+    SIGTERM again."""
     try:
         pgid = os.getpgid(process.pid)
     except ProcessLookupError:
@@ -202,9 +208,9 @@ def stop_process_group(process: subprocess.Popen, timeout: float = TERM_TIMEOUT)
         with suppress(subprocess.TimeoutExpired):
             process.wait(timeout=0.5)
         try:
-            os.killpg(pgid, 0)  # anyone left in the group?
+            os.killpg(pgid, signal.SIGTERM if process.poll() is not None else 0)
         except ProcessLookupError:
-            break
+            break  # nobody left in the group
     with suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
     with suppress(subprocess.TimeoutExpired):
@@ -227,6 +233,37 @@ def storage(request: pytest.FixtureRequest, tmp_path: Path,
             cleanup()
 
 
+def launch_dagster_dev(storage: Storage, workdir: Path, started: list[DagsterDev],
+                       workspace: Path | None = None,
+                       locations: Sequence[str] = (LOCATION,)) -> DagsterDev:
+    """Start `dagster dev` on `storage` (harvesters registered beforehand are loaded), on
+    `workspace` (the repository's workspace.yaml by default), appended to `started` at
+    once (whoever owns the list stops it), and wait until every one of `locations` is
+    loaded."""
+    port = free_port()
+    log_path = workdir / f"dagster-dev-{port}.log"
+    log = log_path.open("wb")
+    dev = DagsterDev(storage, port, None, log_path)  # type: ignore[arg-type]
+    dev.process = subprocess.Popen(
+        [str(DAGSTER), "dev", "-w", str(workspace or REPO_ROOT / "workspace.yaml"),
+         "-h", "127.0.0.1", "-p", str(port)],
+        cwd=str(workdir), env=dev.env(), stdout=log, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, start_new_session=True,
+    )
+    log.close()
+    started.append(dev)
+    wait_for("dagster dev to serve the code location", lambda: _ready(dev, locations),
+             STARTUP_TIMEOUT, on_timeout=dev.log_tail)
+    return dev
+
+
+def stop_all(started: list[DagsterDev]) -> None:
+    """End every `dagster dev` in `started` (its process group), before the storage goes."""
+    for dev in started:
+        dev.close_instance()
+        stop_process_group(dev.process)
+
+
 @pytest.fixture
 def start_dagster_dev(storage: Storage, tmp_path: Path) -> Iterator[Callable[..., DagsterDev]]:
     """Start `dagster dev` on the session's storage (harvesters registered beforehand are
@@ -236,25 +273,8 @@ def start_dagster_dev(storage: Storage, tmp_path: Path) -> Iterator[Callable[...
 
     def start(workspace: Path | None = None,
               locations: Sequence[str] = (LOCATION,)) -> DagsterDev:
-        """Start it on `workspace` (the repository's workspace.yaml by default) and wait
-        until every one of `locations` is loaded."""
-        port = free_port()
-        log_path = tmp_path / f"dagster-dev-{port}.log"
-        log = log_path.open("wb")
-        dev = DagsterDev(storage, port, None, log_path)  # type: ignore[arg-type]
-        dev.process = subprocess.Popen(
-            [str(DAGSTER), "dev", "-w", str(workspace or REPO_ROOT / "workspace.yaml"),
-             "-h", "127.0.0.1", "-p", str(port)],
-            cwd=str(tmp_path), env=dev.env(), stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )
-        log.close()
-        started.append(dev)
-        wait_for("dagster dev to serve the code location", lambda: _ready(dev, locations),
-                 STARTUP_TIMEOUT, on_timeout=dev.log_tail)
-        return dev
+        """Start it on `workspace` and wait until every one of `locations` is loaded."""
+        return launch_dagster_dev(storage, tmp_path, started, workspace, locations)
 
     yield start
-    for dev in started:
-        dev.close_instance()
-        stop_process_group(dev.process)
+    stop_all(started)

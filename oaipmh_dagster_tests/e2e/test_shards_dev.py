@@ -45,7 +45,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 SHARDS = 3
 LOCATIONS = [Shard(i, SHARDS).location_name() for i in range(SHARDS)]
 CLI = Path(sys.executable).with_name("oaipmh-dagster")
-SENSOR_TIMEOUT = 180.0  # the sensor ticks once a minute
+SENSOR_TIMEOUT = 180.0  # the sensor ticks every 5 s here (conftest): room for a loaded machine
 YEARLY = "17 3 1 1 *"
 ENTRIES = """{ workspaceOrError { __typename ... on Workspace {
   locationEntries { name loadStatus updatedTimestamp } } } }"""

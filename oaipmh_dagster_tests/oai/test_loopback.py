@@ -126,8 +126,10 @@ def test_persistent_fault_fails_clearly(server):
 
 
 def test_read_timeout_retried(server):
-    server.faults.add("delay", verb="Identify", seconds=1.5)
-    options = ClientOptions(max_retries=2, backoff_base=0.0, read_timeout=0.3)
+    """The first Identify stalls (ten minutes): its read times out and the retry, answered
+    at once, succeeds. The read timeout leaves a loaded machine room to answer the retry."""
+    server.faults.add("delay", verb="Identify", seconds=600)
+    options = ClientOptions(max_retries=2, backoff_base=0.0, read_timeout=2)
     with client_of(server, options) as client:
         assert client.identify().repository_name
         assert client.stats.retries == 1

@@ -28,6 +28,8 @@ from .helpers import (
     list_records_xml,
 )
 
+WAIT = 60.0  # bounds every wait for another thread: reached only when something is broken
+
 
 def chain_route(pages: dict[str | None, bytes], *, extra=None):
     """Pages keyed by resumptionToken (None = first page); Identify answered too."""
@@ -265,13 +267,20 @@ def test_minimum_delay_between_requests():
 
 
 def test_per_host_limit_shared_between_clients():
-    active = {"now": 0, "max": 0}
+    active = {"now": 0, "max": 0, "all": 0}
     lock = threading.Lock()
+    two = threading.Event()  # two requests were in flight at once
 
     def handler(request: httpx.Request) -> httpx.Response:
         with lock:
             active["now"] += 1
+            active["all"] += 1
             active["max"] = max(active["max"], active["now"])
+            first = active["all"] == 1
+            if active["now"] == 2:
+                two.set()
+        if first:  # held until a second request is in (however slowly threads start)
+            two.wait(WAIT)
         time.sleep(0.02)
         with lock:
             active["now"] -= 1
@@ -311,7 +320,7 @@ def test_prefetch_yields_same_pages():
     client, server, _ = client_for(chain_route(pages), ClientOptions(prefetch=True))
     got = client.iter_pages("ListRecords", metadata_prefix="oai_dc")
     first = next(got)
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + WAIT
     while len(server.requests) < 2 and time.monotonic() < deadline:
         time.sleep(0.005)
     assert len(server.requests) == 2  # page 2 fetched while page 1 is consumed
@@ -339,12 +348,12 @@ def test_prefetch_uses_one_thread_per_list(monkeypatch):
     got = [r.identifier for p in client.iter_pages("ListRecords", metadata_prefix="oai_dc")
            for r in p.records]
     assert got == ["a", "b", "c", "d"] and len(started) == 1
-    started[0].join(2)
+    started[0].join(WAIT)
     assert not started[0].is_alive()
 
     it = client.iter_pages("ListRecords", metadata_prefix="oai_dc")
     next(it)
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + WAIT
     while len(server.requests) < 6 and time.monotonic() < deadline:
         time.sleep(0.005)
     assert len(server.requests) == 6  # page 2 of the second list is fetched: it waits
