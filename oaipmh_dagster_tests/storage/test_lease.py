@@ -17,7 +17,7 @@ import pytest
 
 from oaipmh_dagster.demo.dataset import make_dataset
 from oaipmh_dagster.demo.server import OAIServer
-from oaipmh_dagster.harvesting.harvest import Progress, harvest
+from oaipmh_dagster.harvesting.harvest import HarvestHooks, Progress, harvest
 from oaipmh_dagster.harvesting.rows import retransform, write_page
 from oaipmh_dagster.oai import ClientOptions
 from oaipmh_dagster.storage.lease import Leases, holder_id, process_start
@@ -175,7 +175,7 @@ def test_harvest_whose_lease_is_taken_stops_without_writing(database_url: str) -
 
         with pytest.raises(LeaseLost):
             harvest(_harvester(server), store, run_id="victim", options=FAST,
-                    on_page=take_over)
+                    hooks=HarvestHooks(on_page=take_over))
     # The pages committed before the take-over (the first, and those whose commit was
     # already under way: the committer runs at most two pages ahead), nothing after it.
     assert stored_at_take_over[0] in (100, 200, 300)
