@@ -295,7 +295,7 @@ def write_runs(instance: Any, runs: list[Run], templates: Templates) -> None:
     from oaipmh_dagster.contracts import HARVESTER_TAG, HOST_TAG, MODE_TAG
 
     storage = instance.run_storage
-    stats = storage.has_run_stats_index_cols()
+    stats, backfill = storage.has_run_stats_index_cols(), storage.has_backfill_id_column()
     with storage.connect() as conn:
         for chunk in _chunks(runs, 500):
             values, tags = [], []
@@ -304,7 +304,7 @@ def write_runs(instance: Any, runs: list[Run], templates: Templates) -> None:
                        "status": r.status, "run_body": templates.run(r), "snapshot_id": None,
                        "partition": None, "partition_set": None,
                        "create_timestamp": _naive(r.created), "update_timestamp": _naive(r.ended)}
-                if storage.has_backfill_id_column():
+                if backfill:
                     row["backfill_id"] = None
                 if stats:
                     row.update(start_time=r.created + 1, end_time=r.ended)
@@ -353,6 +353,9 @@ def write_events(instance: Any, events: list[Event], templates: Templates) -> No
             raise RuntimeError(f"storage ids {first}..{last} for {len(events)} events")
         conn.execute(AssetKeyTable.insert(), [{"asset_key": key, **values}
                                               for key, values in entries.items()])
+    if conn.dialect.name == "postgresql":  # the statistics autovacuum gathers soon after
+        with storage.index_connection() as conn:
+            conn.execute(sa.text("ANALYZE"))
 
 
 _TYPES = {"planned": "ASSET_MATERIALIZATION_PLANNED", "materialized": "ASSET_MATERIALIZATION",

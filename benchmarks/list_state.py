@@ -103,30 +103,32 @@ def _measure(b: Bench, n: int, pg: str | None, base: Path | None) -> dict[str, A
     return out
 
 
+def _figure(m: dict[str, Any], per: int, tick: bool) -> str:
+    """Wall and CPU time: seconds in all, or milliseconds a tick."""
+    if tick:
+        return f"{m['seconds'] / per * 1000:.1f} ms (CPU {m['cpu'] / per * 1000:.1f} ms)"
+    return f"{m['seconds']:.2f} s (CPU {m['cpu']:.2f} s)"
+
+
 def _rows(b: Bench, n: int, storage: str, r: dict[str, Any]) -> None:
     now, base = r["now"], r.get("baseline")
     for key, label in MEASURES:
-        per = now["sample"] if key == "schedule" else n
+        tick = key == "schedule"
+        per, unit = (now["sample"], "tick") if tick else (n, "harvester")
         m = now[key]
-        text = f"{m['seconds'] / per * 1000:.1f} ms" if key == "schedule" else \
-            f"{m['seconds']:.2f} s"
-        parts = [f"{m['statements'] / per:.3f} statements per "
-                 + ("tick" if key == "schedule" else "harvester")]
+        parts = [f"{m['statements'] / per:.3f} statements per {unit}"]
         if base is not None:
             old = base[key]
-            was = (f"{old['seconds'] / per * 1000:.1f} ms" if key == "schedule"
-                   else f"{old['seconds']:.2f} s")
-            parts.append(f"baseline {was}, {old['statements'] / per:.2f} "
-                         f"per {'tick' if key == 'schedule' else 'harvester'}")
+            parts.append(f"baseline {_figure(old, per, tick)}, "
+                         f"{old['statements'] / per:.2f} per {unit}")
             parts.append("same output" if old["digest"] == m["digest"] else "OUTPUT DIFFERS")
-        row = Row("13", f"{label}, {n:,} harvesters, {storage}", text, "; ".join(parts),
-                  values={"now": m, "baseline": base[key] if base else None})
+        row = Row("13", f"{label}, {n:,} harvesters, {storage}", _figure(m, per, tick),
+                  "; ".join(parts), values={"now": m, "baseline": base[key] if base else None})
         if key == "list":
-            row.result = f"{m['from_start']:.2f} s"
-            row.compare = (f"from process start (the command alone {m['seconds']:.2f} s); "
-                           + row.compare
-                           + (f"; baseline from start {base['list']['from_start']:.2f} s"
-                              if base else ""))
+            row.result = f"{m['from_start']:.2f} s (CPU {m['cpu_from_start']:.2f} s)"
+            row.compare = f"from process start; the command alone {_figure(m, per, tick)}; " \
+                + row.compare + (f"; baseline from start {base['list']['from_start']:.2f} s"
+                                 if base else "")
             if n == TARGET_N:
                 row.target = f"<= {TARGET_SECONDS:.0f} s"
                 row.ok = "ok" if m["from_start"] <= TARGET_SECONDS else "MISS"
