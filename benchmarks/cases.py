@@ -62,6 +62,7 @@ class Sizes:
     aggregator_repeats: int = 3
     load_sizes: tuple[int, ...] = (200, 1000)  # case 12: private vs public builders
     load_repeats: int = 3  # interleaved pairs at the first size (one at the others)
+    list_sizes: tuple[int, ...] = (1000, 10_000)  # case 13: harvester list, since
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -71,7 +72,7 @@ class Sizes:
                    shard_sizes=(100,), per_shard=50, shard_baseline=100, dev_sizes=(100,),
                    cli_records=2_000, cli_repeats=1, aggregator_records=2_000,
                    aggregator_repeats=1, load_sizes=(50,), load_repeats=1,
-                   compression_records=2_000)
+                   compression_records=2_000, list_sizes=(200,))
 
 
 @dataclass
@@ -558,6 +559,13 @@ def case_location_load(b: Bench) -> None:
     run(b)
 
 
+def case_list_state(b: Bench) -> None:
+    """Case 13 (benchmarks/list_state.py, which imports this module)."""
+    from benchmarks.list_state import case_list_state as run
+
+    run(b)
+
+
 def case_compression(b: Bench) -> None:
     """Case 14 (benchmarks/compression.py, which imports this module)."""
     from benchmarks.compression import case_compression as run
@@ -582,6 +590,8 @@ CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
            case_dev_add),
     "12": ("code location load: public builders vs the private ones they replaced",
            case_location_load),
+    "13": ("harvester list and since resolution at 1,000 and 10,000 harvesters",
+           case_list_state),
     "14": ("record bytes on PostgreSQL: the defaults vs lz4 (migration 0009)",
            case_compression),
 }

@@ -517,13 +517,20 @@ def _scheduler(args: dict[str, Any], instance: Any) -> dict[str, Any]:
             "load_seconds": load, "iterations": [first, restart, steady], "runs": runs}
 
 
+def list_fill(args: dict[str, Any]) -> dict[str, Any]:
+    """Case 13's instance and registry of N harvesters (`benchmarks.list_fill`)."""
+    from benchmarks.list_state import fill_child
+
+    return fill_child(args)
+
+
 KINDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "fetch": fetch, "memory": memory, "harvest": harvest, "profile": profile, "job": job,
     "profile_job": profile_job,
     "sickle_harvest": sickle_harvest, "definitions": definitions, "registry": registry,
     "location_load": location_load,
     "stored": stored,
-    "shard_snapshot": shard_snapshot, "scheduler": scheduler,
+    "shard_snapshot": shard_snapshot, "scheduler": scheduler, "list_fill": list_fill,
 }
 
 

@@ -4,6 +4,7 @@
     python -m benchmarks.run --quick         # small sizes (a smoke run)
     python -m benchmarks.run --cases 1,2     # some cases only
     python -m benchmarks.run --cases 6 --shards-10k   # case 6 also at 10,000 harvesters
+    python -m benchmarks.run --cases 13 --list-sizes 1000   # case 13 at 1,000 only
 
 See benchmarks/README.md for what each case measures and how to read the table.
 """
@@ -74,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(comma-separated, e.g. 3000,10000)")
     parser.add_argument("--dev-sizes", help="case 11 at these harvester counts instead "
                         "(comma-separated; K: 12 at 3,000, else N / per-shard)")
+    parser.add_argument("--list-sizes", help="case 13 at these harvester counts instead "
+                        "(comma-separated, e.g. 1000,10000)")
     parser.add_argument("--per-shard", type=int, help="case 6: harvesters per location "
                         "(K = ceil(N / per-shard))")
     parser.add_argument("--no-scheduler", action="store_true",
@@ -94,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes.shard_sizes = tuple(int(x) for x in args.shard_sizes.split(","))
     if args.dev_sizes:
         sizes.dev_sizes = tuple(int(x) for x in args.dev_sizes.split(","))
+    if args.list_sizes:
+        sizes.list_sizes = tuple(int(x) for x in args.list_sizes.split(","))
     if args.per_shard:
         sizes.per_shard = args.per_shard
     if args.no_scheduler:

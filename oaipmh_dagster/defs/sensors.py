@@ -15,13 +15,19 @@ from typing import Any
 
 import dagster as dg
 
-from oaipmh_dagster.contracts import ASSET_JOB_PREFIX, JOB_PREFIX, RAW_RECORDS, harvester_of
+from oaipmh_dagster.contracts import (
+    ASSET_JOB_PREFIX,
+    HARVESTER_TAG,
+    JOB_PREFIX,
+    RAW_RECORDS,
+    harvester_of,
+)
 from oaipmh_dagster.defs.assets import asset_keys
 from oaipmh_dagster.defs.since import (
     SENSOR_NAME,
     current_states,
     parse_cursor,
-    published_state,
+    published_states,
     run_since,
     since_observation,
 )
@@ -50,7 +56,8 @@ class Tick:
 
 
 class _Since:
-    """The tick's view of each harvester's published since (read once, then updated)."""
+    """The tick's view of each harvester's published since (read once, then updated;
+    `load` reads many at once)."""
 
     def __init__(self, instance: dg.DagsterInstance, harvesters: dict[str, Harvester]):
         self.instance = instance
@@ -58,9 +65,16 @@ class _Since:
         self.states: dict[str, SinceState | None] = {}
         self.events: list[dg.AssetObservation] = []
 
+    def load(self, hids: Sequence[str]) -> None:
+        """Read the published sinces of those of `hids` not read yet, at once."""
+        keys = {asset_keys(hid)[1]: hid for hid in dict.fromkeys(hids)
+                if hid not in self.states}
+        for key, (state, _) in published_states(self.instance, list(keys)).items():
+            self.states[keys[key]] = state
+
     def get(self, hid: str) -> SinceState | None:
         if hid not in self.states:
-            self.states[hid] = published_state(self.instance, asset_keys(hid)[1])[0]
+            self.load([hid])
         return self.states[hid]
 
     def publish(self, hid: str, state: SinceState) -> None:
@@ -163,6 +177,7 @@ def evaluate(
 
 def _adopt(view: _Since, since: dict[str, Any], now: datetime) -> None:
     """Publish a first-version cursor's entries where nothing is published yet."""
+    view.load(list(since))
     for hid, value in list(since.items()):
         if (incremental.readable(value) and view.get(hid) is None
                 and incremental.check_since(value, "cursor", now=now).verdict == "ok"):
@@ -187,6 +202,8 @@ def _apply_edits(view: _Since, cur: Cursor, since: dict[str, Any], now: datetime
                  lines: list[str]) -> None:
     """Publish each entry an operator changed (a removed entry: a full harvest next)."""
     ids = set(view.harvesters) if cur.baseline is None else set(since) | set(cur.baseline)
+    if cur.baseline is None:
+        view.load(sorted(ids))
     for hid in sorted(ids & set(view.harvesters)):
         value, (was, newer) = since.get(hid), _baseline(view, cur, hid)
         if value == was or (value is None and was in (None, "")):
@@ -229,6 +246,7 @@ def _fill(view: _Since, since: dict[str, Any]) -> None:
     """Entries for the harvesters the cursor lacks: their since in force, published
     where successful runs recorded one the sensor has not published yet."""
     missing = [hid for hid in sorted(view.harvesters) if hid not in since]
+    view.load(missing)
     keys = {asset_keys(hid)[1]: hid for hid in missing}
     for key, state in current_states(view.instance, list(keys)).items():
         hid = keys[key]
@@ -251,6 +269,8 @@ def _advance(
         filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.SUCCESS], updated_after=after),
         limit=MAX_RUNS_PER_TICK, order_by="update_timestamp", ascending=True,
     )
+    view.load([hid for rec in records
+               if (hid := rec.dagster_run.tags.get(HARVESTER_TAG)) in view.harvesters])
     for rec in records:
         run = rec.dagster_run
         stamp = rec.update_timestamp.astimezone(UTC)
@@ -302,7 +322,9 @@ def _refresh(view: _Since, since: dict, offset: int) -> int:
     if not ids:
         return 0
     offset %= len(ids)
-    for hid in (ids[offset:] + ids[:offset])[:REFRESH_PER_TICK]:
+    chosen = (ids[offset:] + ids[:offset])[:REFRESH_PER_TICK]
+    view.load(chosen)
+    for hid in chosen:
         if any(e.asset_key.path[1] == hid for e in view.events):
             continue
         state = view.get(hid)

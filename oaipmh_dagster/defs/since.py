@@ -11,7 +11,7 @@ explicit run config > `full` > the since in force for the harvester's current se
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum, StrEnum, auto
 from typing import Any
@@ -30,6 +30,7 @@ from oaipmh_dagster.contracts import (
     SINCE_KEY,
     SINCE_SOURCE_KEY,
 )
+from oaipmh_dagster.defs import asset_events
 from oaipmh_dagster.harvesting import incremental
 from oaipmh_dagster.harvesting.incremental import SinceState
 from oaipmh_dagster.harvesting.plan import SinceChoice
@@ -37,9 +38,8 @@ from oaipmh_dagster.oai import parse_user_datetime
 from oaipmh_dagster.storage.registry import Harvester
 
 __all__ = ["SENSOR_NAME", "ResolvedSince", "SinceSource", "current_state", "current_states",
-           "parse_cursor", "published_state", "resolve_since", "run_mode", "run_since",
-           "set_since",
-           "since_observation", "since_report"]
+           "parse_cursor", "published_state", "published_states", "resolve_since", "run_mode",
+           "run_since", "set_since", "since_observation", "since_report"]
 
 # How many newer materializations a resolution looks at past the last published since.
 _MATERIALIZATIONS = 20
@@ -144,29 +144,28 @@ def published_state(
     return None, 0
 
 
-_RUN_IDS_PER_QUERY = 500
-
-
-def _run_records(instance: dg.DagsterInstance, run_ids: list[str]) -> dict[str, Any]:
-    """run id -> run record, in one query per 500 ids (a query per run costs about 5 ms
-    each)."""
-    ids = sorted(set(run_ids))
+def published_states(
+    instance: dg.DagsterInstance, raw_keys: Sequence[dg.AssetKey]
+) -> dict[dg.AssetKey, tuple[SinceState | None, int]]:
+    """`published_state` of many harvesters: their newest observations read at once,
+    and per key only where the newest one publishes no since."""
+    newest = asset_events.newest_events(instance, dg.DagsterEventType.ASSET_OBSERVATION,
+                                        raw_keys, limit=1)
     out = {}
-    for start in range(0, len(ids), _RUN_IDS_PER_QUERY):
-        chunk = ids[start:start + _RUN_IDS_PER_QUERY]
-        for r in instance.get_run_records(dg.RunsFilter(run_ids=chunk)):
-            out[r.dagster_run.run_id] = r
+    for key, records in newest.items():
+        state = observation_state(records[0]) if records else None
+        if records and state is None:
+            out[key] = published_state(instance, key)
+        else:
+            out[key] = (state, records[0].storage_id if records else 0)
     return out
 
 
 _Recorded = list[tuple[Any, str, str | None]]  # (materialization record, since, scope)
 
 
-def _recorded_after(instance: dg.DagsterInstance, raw_key: dg.AssetKey, after: int) -> _Recorded:
-    """The materializations after storage id `after` that record a since, oldest first."""
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=raw_key, after_storage_id=after or None),
-        limit=_MATERIALIZATIONS).records
+def _recorded(records: Sequence[dg.EventLogRecord]) -> _Recorded:
+    """The materializations (newest first) that record a since, oldest first."""
     recorded = []
     for record in reversed(records):
         mat = record.asset_materialization
@@ -191,25 +190,19 @@ def _fold(state: SinceState | None, recorded: _Recorded, runs: dict[str, Any]
 
 def current_states(
     instance: dg.DagsterInstance, raw_keys: Sequence[dg.AssetKey],
-    newest: Mapping[dg.AssetKey, int | None] | None = None,
 ) -> dict[dg.AssetKey, SinceState | None]:
-    """`current_state` of many harvesters, the runs of all of them in one query.
-    `newest` may give a key's newest materialization storage id (None: none), as the
-    asset records hold it: a key with none after its published since then reads no
-    materializations at all."""
-    out: dict[dg.AssetKey, SinceState | None] = {}
-    pending: dict[dg.AssetKey, tuple[SinceState | None, _Recorded]] = {}
-    for key in raw_keys:
-        state, after = published_state(instance, key)
-        if newest is not None and key in newest and (newest[key] or 0) <= after:
-            out[key] = state
-            continue
-        pending[key] = (state, _recorded_after(instance, key, after))
-    runs = _run_records(instance, [record.run_id for _, recorded in pending.values()
-                                   for record, _, _ in recorded])
-    for key, (state, recorded) in pending.items():
-        out[key] = _fold(state, recorded, runs)
-    return out
+    """`current_state` of many harvesters, read at once: their published sinces, the
+    materializations after them (only the keys that have some are read) and those
+    materializations' runs."""
+    keys = list(dict.fromkeys(raw_keys))
+    published = published_states(instance, keys)
+    newer = asset_events.newest_events(
+        instance, dg.DagsterEventType.ASSET_MATERIALIZATION, keys, _MATERIALIZATIONS,
+        after={key: published[key][1] for key in keys})
+    recorded = {key: _recorded(records) for key, records in newer.items()}
+    runs = asset_events.run_records(instance, [record.run_id for found in recorded.values()
+                                               for record, _, _ in found])
+    return {key: _fold(published[key][0], recorded[key], runs) for key in keys}
 
 
 def current_state(instance: dg.DagsterInstance, raw_key: dg.AssetKey) -> SinceState | None:
@@ -333,7 +326,7 @@ def since_report(instance: dg.DagsterInstance, h: Harvester, raw_key: dg.AssetKe
     resolved = resolve_since(instance, h, since=None, full=False, raw_key=raw_key, state=state)
     last = None
     records = instance.fetch_materializations(raw_key, limit=_MATERIALIZATIONS).records
-    runs = _run_records(instance, [record.run_id for record in records])
+    runs = asset_events.run_records(instance, [record.run_id for record in records])
     for record in records:
         run = runs.get(record.run_id)
         if run is not None and run.dagster_run.status == dg.DagsterRunStatus.SUCCESS:

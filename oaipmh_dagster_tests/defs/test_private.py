@@ -149,3 +149,28 @@ def test_forget_defs_state_storage_lets_a_later_load_succeed(sqlite_url: str) ->
         pass
     _private.forget_defs_state_storage()
     assert defs().get_repository_def() is not None
+
+
+def test_batched_event_and_run_reads_answer_as_the_public_calls(sqlite_url: str) -> None:
+    """The newest ids of each key's observations, their records and the newest run of
+    each tag value are what `fetch_observations` and `get_run_records(limit=1)` give per
+    key; a wiped key is left to the public call."""
+    observation = dg.DagsterEventType.ASSET_OBSERVATION
+    keys = [dg.AssetKey(["p", name]) for name in ("a", "b", "wiped", "none")]
+    with dg.instance_for_test() as instance:
+        for key, n in zip(keys, (1, 3, 2, 0), strict=True):
+            for i in range(n):
+                instance.report_runless_asset_event(dg.AssetObservation(key, metadata={"i": i}))
+        instance.wipe_assets([keys[2]])
+        for i, value in enumerate(("x", "y", "x")):
+            instance.add_run(dg.DagsterRun(job_name="j", run_id=f"{i:036d}", tags={"t": value}))
+        ids = _private.newest_asset_event_ids(instance, observation, keys, 2)
+        assert ids is not None and set(ids) == {keys[0], keys[1], keys[3]}
+        for key, found in ids.items():
+            assert found == [r.storage_id for r in instance.fetch_observations(key, 2).records]
+        records = _private.asset_event_records(instance, [i for v in ids.values() for i in v])
+        assert records is not None and {r.storage_id: r for r in records.values()} == {
+            r.storage_id: r for key in ids for r in instance.fetch_observations(key, 2).records}
+        newest = _private.newest_tagged_run_ids(instance, "t", ["x", "y", "z"])
+        assert newest == {v: instance.get_run_records(dg.RunsFilter(tags={"t": v}), limit=1)[0]
+                          .dagster_run.run_id for v in ("x", "y")}

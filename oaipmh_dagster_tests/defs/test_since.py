@@ -609,8 +609,9 @@ def test_harvester_states_read_every_run_in_one_query_and_no_published_materiali
         sqlite_url: str, server: OAIServer, instance: dg.DagsterInstance,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """`harvester list` at scale: the runs behind every harvester's unpublished sinces
-    come in one query, not one per harvester; once the sensor has published, the asset
-    records show nothing newer, so no materialization is read."""
+    come in one query, and every harvester's newest run in another, not one per
+    harvester; no harvester's materializations are read one by one, and once the sensor
+    has published, no run behind a since is read at all."""
     from oaipmh_dagster.defs.harvester_state import harvester_states
 
     hs = [add_harvester(f"m{i}", server.base_url) for i in range(3)]
@@ -642,8 +643,8 @@ def test_harvester_states_read_every_run_in_one_query_and_no_published_materiali
     monkeypatch.setattr(instance, "fetch_materializations", counted_fetch)
     states = harvester_states(instance, hs)
     assert {h.id: states[h.id]["since"] for h in hs} == expected
-    assert len(by_run_ids) == 1 and len(by_run_ids[0]) == 3
-    assert len(fetched) == 3  # each harvester's materializations after its since
+    assert [len(ids) for ids in by_run_ids] == [3, 3]  # behind the sinces; the newest
+    assert fetched == []
 
     tick(instance, None, *hs)
     published = sinces()
@@ -651,5 +652,5 @@ def test_harvester_states_read_every_run_in_one_query_and_no_published_materiali
     fetched.clear()
     states = harvester_states(instance, hs)
     assert {h.id: states[h.id]["since"] for h in hs} == published
-    assert fetched == [] and by_run_ids == []
+    assert fetched == [] and [len(ids) for ids in by_run_ids] == [3]  # the newest runs
     assert all(states[h.id]["last_run"]["status"] == "SUCCESS" for h in hs)
