@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -59,18 +60,29 @@ def require_postgres() -> None:
         pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
-def pg_database() -> Iterator[str]:
-    """A fresh PostgreSQL database for this test session (dropped at the end)."""
+@contextlib.contextmanager
+def fresh_pg_database() -> Iterator[str]:
+    """A new PostgreSQL database (dropped afterwards); skips, or fails under
+    OAIPMH_REQUIRE_POSTGRES=1, when PostgreSQL is unreachable."""
     require_postgres()
     name = f"oaipmh_test_{uuid.uuid4().hex[:10]}"
     admin = sa.create_engine(PG_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = sa.engine.make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-    yield url
-    db.dispose_all()
-    drop_database(admin, name)
+    try:
+        yield sa.engine.make_url(PG_URL).set(database=name).render_as_string(
+            hide_password=False)
+    finally:
+        db.dispose_all()
+        drop_database(admin, name)
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session (dropped at the end): the
+    project's tables only (a Dagster instance on PostgreSQL takes `fresh_pg_database`)."""
+    with fresh_pg_database() as url:
+        yield url
 
 
 def drop_database(admin: sa.Engine, name: str) -> None:

@@ -40,7 +40,7 @@ from oaipmh_dagster.defs.since import (
 )
 from oaipmh_dagster.harvesting import incremental
 from oaipmh_dagster.storage.registry import Harvester
-from oaipmh_dagster_tests.conftest import empty_dagster_home
+from oaipmh_dagster_tests.conftest import empty_dagster_home, fresh_pg_database
 
 NOW = datetime(2099, 1, 1, tzinfo=UTC)
 
@@ -54,12 +54,14 @@ def any_instance(request: pytest.FixtureRequest, tmp_path: Path,
         with dg.instance_for_test(temp_dir=str(home)) as inst:
             yield inst
         return
-    u = sa.engine.make_url(request.getfixturevalue("pg_database"))
-    db = {"username": u.username or "postgres", "password": u.password or "",
-          "hostname": u.host or "127.0.0.1", "port": u.port or 5432, "db_name": u.database,
-          "scheme": "postgresql+psycopg2"}
-    with dg.instance_for_test(overrides={"storage": {"postgres": {"postgres_db": db}}}) as inst:
-        yield inst
+    with fresh_pg_database() as url:  # Dagster's tables stay out of the shared database
+        u = sa.engine.make_url(url)
+        db = {"username": u.username or "postgres", "password": u.password or "",
+              "hostname": u.host or "127.0.0.1", "port": u.port or 5432,
+              "db_name": u.database, "scheme": "postgresql+psycopg2"}
+        with dg.instance_for_test(
+                overrides={"storage": {"postgres": {"postgres_db": db}}}) as inst:
+            yield inst
 
 
 class History:
