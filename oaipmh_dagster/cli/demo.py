@@ -200,6 +200,22 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _started_server(dataset: Any, oai_port: int) -> OAIServer | None:
+    """The demo endpoint, serving; None (the reason said on stderr) when it cannot listen."""
+    server = OAIServer(dataset, port=oai_port)
+    try:
+        server.start()
+    except OSError as exc:
+        if oai_port and port_in_use(oai_port):
+            click.echo(_busy("the demo endpoint's", oai_port, "--oai-port", "OAI_PORT"),
+                       err=True)
+        else:
+            click.echo(f"oaipmh-dagster: error: cannot listen on 127.0.0.1:{oai_port}: {exc}",
+                       err=True)
+        return None
+    return server
+
+
 def run_demo(
     *, ui_port: int, oai_port: int, n_records: int, ui: bool, instance_factory: Callable[[], Any]
 ) -> int:
@@ -221,16 +237,8 @@ def run_demo(
         return 1
     dataset = make_dataset(n_records, seed=1)
     invalid = add_invalid_records(dataset)  # for the demo harvester's schema_valid check
-    server = OAIServer(dataset, port=oai_port)
-    try:
-        server.start()
-    except OSError as exc:
-        if oai_port and port_in_use(oai_port):
-            click.echo(_busy("the demo endpoint's", oai_port, "--oai-port", "OAI_PORT"),
-                       err=True)
-        else:
-            click.echo(f"oaipmh-dagster: error: cannot listen on 127.0.0.1:{oai_port}: {exc}",
-                       err=True)
+    server = _started_server(dataset, oai_port)
+    if server is None:
         return 1
     proc = None
     try:
