@@ -124,6 +124,13 @@ def materialize_params(dev: DagsterDev, paths: list[list[str]]) -> dict[str, Any
         for check in node["assetChecksOrError"]["checks"]
         if not check["jobNames"] or ASSET_JOB in check["jobNames"]
     ]
+    return asset_job_params([{"path": p} for p in paths], checks)
+
+
+def asset_job_params(assets: list[dict[str, Any]], checks: list[dict[str, Any]]
+                     ) -> dict[str, Any]:
+    """Execution params of the implicit asset job for these assets and checks, as the
+    UI sends them (default mode, no tags, an empty run config)."""
     return {
         "mode": "default",
         "executionMetadata": {"tags": []},
@@ -132,7 +139,7 @@ def materialize_params(dev: DagsterDev, paths: list[list[str]]) -> dict[str, Any
             "repositoryLocationName": LOCATION,
             "repositoryName": REPOSITORY,
             "pipelineName": ASSET_JOB,
-            "assetSelection": [{"path": p} for p in paths],
+            "assetSelection": assets,
             "assetCheckSelection": checks,
         },
     }
@@ -158,18 +165,7 @@ def harvest_blocks(server: OAIServer) -> list[list[RequestLog]]:
 
 def execute_check_params(path: list[str], check: str) -> dict[str, Any]:
     """What a check's Execute button sends: the implicit asset job, no asset, one check."""
-    return {
-        "mode": "default",
-        "executionMetadata": {"tags": []},
-        "runConfigData": "{}",
-        "selector": {
-            "repositoryLocationName": LOCATION,
-            "repositoryName": REPOSITORY,
-            "pipelineName": ASSET_JOB,
-            "assetSelection": [],
-            "assetCheckSelection": [{"name": check, "assetKey": {"path": path}}],
-        },
-    }
+    return asset_job_params([], [{"name": check, "assetKey": {"path": path}}])
 
 
 def check_runs(dev: DagsterDev, path: list[str], check: str) -> dict[str, str]:
