@@ -869,11 +869,17 @@ def _fail(exc: BaseException, message: object, code: int = 1) -> NoReturn:
 
 
 def _flush_stdout() -> None:
-    """Flush stdout before exiting, so that a failed write is reported, not ignored."""
+    """Flush stdout before exiting, so that a failed write is reported, not ignored.
+
+    A reader that leaves during one large write cuts it short without an error (the
+    kernel returns the bytes it took, and Python's buffered writer drops the rest), so
+    a reader gone by now is reported too: the output did not all arrive."""
     try:
         sys.stdout.flush()
     except BrokenPipeError as exc:
         _reader_went_away(exc)
+    if reader_gone():
+        raise _ReaderGone
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

@@ -181,6 +181,9 @@ class Scope:
     webhook: str
     location_name: str | None = None
     harvester_ids: frozenset[str] = frozenset()
+    # The location's asset checks (built-in and the user's own, merged in): those on a
+    # harvester's assets are watched.
+    check_keys: frozenset[dg.AssetCheckKey] = frozenset()
 
 
 class _Budget:
@@ -204,7 +207,7 @@ def evaluate(instance: dg.DagsterInstance, cursor: str | None, scope: Scope,
     run failures recorded after the cursor, within the tick's budget; the rest wait."""
     budget = _Budget(seconds or deadline())
     after, failing = parse_cursor(cursor), parse_failing(cursor)
-    health = failing_now(instance, sorted(scope.harvester_ids))
+    health = failing_now(instance, sorted(scope.harvester_ids), scope.check_keys)
     if after is None:  # first tick: alert what happens from now on, not history
         latest = instance.fetch_run_status_changes(dg.DagsterEventType.RUN_FAILURE, limit=1)
         start = latest.records[0].storage_id if latest.records else -1
@@ -291,7 +294,10 @@ def build_alert_sensor(harvesters: Iterable[Any] = (),
         webhook = os.environ.get(WEBHOOK_ENV)
         if not webhook:
             return dg.SensorResult(skip_reason=f"{WEBHOOK_ENV} is not set here: no alert sent")
-        tick = evaluate(context.instance, context.cursor, Scope(webhook, location_name, ids))
+        repo = context.repository_def
+        checks = frozenset(repo.asset_graph.asset_check_keys) if repo is not None else frozenset()
+        tick = evaluate(context.instance, context.cursor,
+                        Scope(webhook, location_name, ids, checks))
         for line in tick.lines:
             context.log.info(line)
         for line in tick.warnings:

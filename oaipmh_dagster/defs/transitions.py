@@ -12,7 +12,12 @@ from datetime import UTC
 
 import dagster as dg
 
-from oaipmh_dagster.contracts import CHECK_COMPLETE, CHECK_NO_FAILED, CHECK_SCHEMA_VALID
+from oaipmh_dagster.contracts import (
+    ASSET_PREFIX,
+    CHECK_COMPLETE,
+    CHECK_NO_FAILED,
+    CHECK_SCHEMA_VALID,
+)
 from oaipmh_dagster.defs.assets import asset_keys
 
 __all__ = ["FRESHNESS", "Health", "Transition", "failing_now", "transitions"]
@@ -38,15 +43,22 @@ class Transition:
         return f"{self.harvester}/{self.what}"
 
 
-def _check_keys(ids: Iterable[str]) -> dict[dg.AssetCheckKey, str]:
+def _check_keys(ids: Iterable[str],
+                more: Iterable[dg.AssetCheckKey] = ()) -> dict[dg.AssetCheckKey, str]:
     """Every check of the harvesters `ids` (a harvester that does not validate has no
-    schema_valid evaluations: its key finds nothing), to the harvester."""
+    schema_valid evaluations: its key finds nothing), to the harvester; with those of
+    `more` that are on one of their assets (a user's own checks)."""
     keys: dict[dg.AssetCheckKey, str] = {}
     for hid in ids:
         _, raw, records = asset_keys(hid)
         keys[dg.AssetCheckKey(records, CHECK_NO_FAILED)] = hid
         keys[dg.AssetCheckKey(raw, CHECK_COMPLETE)] = hid
         keys[dg.AssetCheckKey(raw, CHECK_SCHEMA_VALID)] = hid
+    wanted = set(ids)
+    for key in more:
+        path = key.asset_key.path
+        if len(path) >= 2 and path[0] == ASSET_PREFIX and path[1] in wanted:
+            keys[key] = path[1]
     return keys
 
 
@@ -64,11 +76,11 @@ def _check_detail(evaluation: dg.AssetCheckEvaluation | None) -> str:
     return "; ".join(parts)
 
 
-def _failed_checks(instance: dg.DagsterInstance,
-                   ids: Sequence[str]) -> tuple[list[Transition], set[str]]:
+def _failed_checks(instance: dg.DagsterInstance, ids: Sequence[str],
+                   more: Iterable[dg.AssetCheckKey] = ()) -> tuple[list[Transition], set[str]]:
     """Checks whose latest evaluation failed, and those being evaluated now (their
     outcome unknown yet: in one batch query the latest execution may be only planned)."""
-    keys = _check_keys(ids)
+    keys = _check_keys(ids, more)
     latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(list(keys))
     failed, pending = [], set()
     for key, record in latest.items():
@@ -107,11 +119,13 @@ class Health:
         return key in self.pending or any(t.key == key for t in self.bad)
 
 
-def failing_now(instance: dg.DagsterInstance, ids: Sequence[str]) -> Health:
-    """The freshness and checks of the harvesters `ids`, in two batch queries."""
+def failing_now(instance: dg.DagsterInstance, ids: Sequence[str],
+                checks: Iterable[dg.AssetCheckKey] = ()) -> Health:
+    """The freshness and checks of the harvesters `ids`, in two batch queries: the
+    built-in checks and those of `checks` on their assets (the code location's)."""
     if not ids:
         return Health([], set())
-    failed, pending = _failed_checks(instance, ids)
+    failed, pending = _failed_checks(instance, ids, checks)
     bad = sorted(_freshness_fails(instance, ids) + failed, key=lambda t: t.key)
     return Health(bad, pending)
 

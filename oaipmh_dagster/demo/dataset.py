@@ -174,9 +174,10 @@ class Dataset:
     def format_datestamp(self, value: datetime) -> str:
         """``value`` as the repository writes datestamps."""
         value = self.normalize(value)
+        # %Y is not zero-padded before year 1000; the protocol wants four digits.
         if self.granularity == DAY:
-            return value.strftime("%Y-%m-%d")
-        return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+            return f"{value.year:04d}" + value.strftime("-%m-%d")
+        return f"{value.year:04d}" + value.strftime("-%m-%dT%H:%M:%SZ")
 
     # -- changes ------------------------------------------------------------------
 

@@ -40,12 +40,41 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _POLL = 0.2
 
 
+# Query parameters whose values are credentials (compared in lower case); OAI-PMH's own
+# arguments (verb, resumptionToken, ...) are never among them.
+SECRET_PARAMS = frozenset({
+    "access_token", "api_key", "apikey", "auth", "key", "password", "passwd", "secret",
+    "sig", "signature", "token", "x-api-key",
+})
+MASK = "***"
+
+
 def redact_url(url: str | httpx.URL) -> str:
-    """The URL as text without userinfo (user name and password)."""
+    """The URL as text without userinfo (user name and password) and with the values
+    of credential-like query parameters (`SECRET_PARAMS`) masked."""
     u = httpx.URL(str(url)) if not isinstance(url, httpx.URL) else url
     if u.userinfo:
         u = u.copy_with(username=None, password=None)
+    if any(name.lower() in SECRET_PARAMS for name in u.params):
+        u = u.copy_with(params=[(k, MASK if k.lower() in SECRET_PARAMS else v)
+                                for k, v in u.params.multi_items()])
     return str(u)
+
+
+class _RedactURLs(logging.Filter):
+    """httpx logs each request's URL at INFO (`HTTP Request: GET <url> ...`): the URL
+    arguments of its records are shown through `redact_url`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(
+                isinstance(a, httpx.URL) for a in record.args):
+            record.args = tuple(redact_url(a) if isinstance(a, httpx.URL) else a
+                                for a in record.args)
+        return True
+
+
+if not any(isinstance(f, _RedactURLs) for f in logging.getLogger("httpx").filters):
+    logging.getLogger("httpx").addFilter(_RedactURLs())
 
 
 def _origin(url: httpx.URL) -> tuple[str, str, int | None]:

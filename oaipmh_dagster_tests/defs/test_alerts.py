@@ -132,9 +132,10 @@ class Ticks:
     returns is the next tick's), each in a thread whose end is awaited with a bound."""
 
     def __init__(self, instance: dg.DagsterInstance,
-                 harvesters: tuple[Harvester, ...] = ()) -> None:
+                 harvesters: tuple[Harvester, ...] = (), repository_def: Any = None) -> None:
         self.instance = instance
         self.harvesters = harvesters
+        self.repository_def = repository_def
         self.cursor: str | None = None
         self.messages: list[str] = []
 
@@ -142,7 +143,8 @@ class Ticks:
         sensor = alerts.build_alert_sensor(self.harvesters)
         assert sensor is not None
         out: list[Any] = []
-        context = dg.build_sensor_context(instance=self.instance, cursor=self.cursor)
+        context = dg.build_sensor_context(instance=self.instance, cursor=self.cursor,
+                                          repository_def=self.repository_def)
         worker = threading.Thread(target=lambda: out.append(sensor.evaluate_tick(context)),
                                   daemon=True)
         worker.start()
@@ -401,3 +403,29 @@ def test_the_post_goes_through_the_environments_proxy(monkeypatch: pytest.Monkey
     assert proxy_for("http://hooks.example.org/x") is None
     monkeypatch.setenv("NO_PROXY", "hooks.example.org")
     assert proxy_for("https://hooks.example.org/x") is None
+
+
+def test_a_users_own_check_on_a_harvesters_asset_is_posted(
+        receiver: Receiver, instance: dg.DagsterInstance) -> None:
+    """A check the user merged into the location (on one of a harvester's assets) is
+    watched like the built-in ones: its failure is posted once, named by the check."""
+    alpha = Harvester(id="alpha", base_url="http://127.0.0.1:9/oai", metadata_prefix="oai_dc")
+    records = asset_keys("alpha")[2]
+
+    @dg.asset_check(asset=records, name="titles_present")
+    def titles_present() -> dg.AssetCheckResult:
+        return dg.AssetCheckResult(passed=True)
+
+    repo = dg.Definitions.merge(build_definitions([alpha]),
+                                dg.Definitions(asset_checks=[titles_present])
+                                ).get_repository_def()
+    ticks = Ticks(instance, (alpha,), repository_def=repo)
+    ticks.tick()
+    for _ in range(2):
+        instance.report_runless_asset_event(dg.AssetCheckEvaluation(
+            asset_key=records, check_name="titles_present", passed=False,
+            severity=dg.AssetCheckSeverity.ERROR, description="12 records without a title"))
+        ticks.until_quiet()
+    assert [(r["body"]["kind"], r["body"]["check"], r["body"]["error"])
+            for r in receiver.requests] == [
+        ("check_failed", "titles_present", "failed (error); 12 records without a title")]

@@ -918,3 +918,12 @@ def test_settled_waits_for_the_handler_to_finish(dataset: Dataset) -> None:
             assert pending.result(timeout=WAIT).status_code == 200
         logs = srv.settled(timeout=WAIT)
         assert len(logs) == 1 and logs[0].finished is not None and logs[0].bytes_sent > 0
+
+
+@pytest.mark.parametrize(("granularity", "expected"), [
+    (SECONDS, "0999-03-04T05:06:07Z"), (DAY, "0999-03-04")])
+def test_datestamps_before_year_1000_have_four_digit_years(granularity: str,
+                                                           expected: str) -> None:
+    """The protocol's datestamps are ISO 8601 with four-digit years (%Y is not padded)."""
+    ds = Dataset(granularity=granularity)
+    assert ds.format_datestamp(datetime(999, 3, 4, 5, 6, 7, tzinfo=UTC)) == expected

@@ -323,3 +323,20 @@ def test_redirect_loop_is_bounded():
     )
     with pytest.raises(OAITransportError, match="redirects"):
         client.identify()
+
+
+def test_httpx_request_log_lines_carry_no_credentials(caplog: pytest.LogCaptureFixture) -> None:
+    """httpx logs every request's full URL at INFO: the user name, password and the
+    values of credential-like query parameters are masked there; the rest stays."""
+    import oaipmh_dagster.oai  # noqa: F401 - installs the filter
+
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, text="ok"))
+    with caplog.at_level(logging.INFO, logger="httpx"), \
+            httpx.Client(transport=transport) as http:
+        http.get("https://alice:s3cret@repo.example/oai?verb=Identify&apikey=K3Y&token=T0K")
+    lines = [r.getMessage() for r in caplog.records if r.name == "httpx"]
+    assert lines, "httpx logged no request line"
+    text = "\n".join(lines)
+    for secret in ("alice", "s3cret", "K3Y", "T0K"):
+        assert secret not in text
+    assert "repo.example/oai?verb=Identify" in text and "200" in text
