@@ -729,7 +729,8 @@ def profile(harvester_id: str, as_json: bool, max_records: int) -> None:
 
 @cli.command()
 @click.argument("harvester_id", metavar="ID")
-@click.option("--format", "fmt", type=click.Choice(["parquet", "csv", "jsonl"]), required=True)
+@click.option("--format", "fmt", type=click.Choice(["parquet", "csv", "jsonl", "xml"]),
+              required=True)
 @click.option("--output", required=True, metavar="PATH",
               help="A file (replaced only when the export succeeds), a device or a named "
               "pipe (written in place), a symlink to one of them, or '-' for stdout.")
@@ -741,7 +742,9 @@ def export(harvester_id: str, fmt: str, output: str) -> None:
              (an unreadable datestamp is null), sets a list of strings, metadata
              and errors JSON strings.
     csv:     one column per metadata field (metadata.<field>, lists joined by ' | ').
-    jsonl:   one JSON object per line, as `records --json`."""
+    jsonl:   one JSON object per line, as `records --json`.
+    xml:     one XML document of the records as harvested: an OAI-PMH <record>
+             (header, metadata, about) per record under <records>, streamed."""
     from oaipmh_dagster.operations.export import BadDestination, Destination, ExportError
     from oaipmh_dagster.operations.export import export as do_export
     from oaipmh_dagster.storage import open_store

@@ -1,5 +1,5 @@
-"""Export a harvester's records to Parquet (pyarrow, batch by batch), CSV (pandas) or
-JSON Lines."""
+"""Export a harvester's records to Parquet (pyarrow, batch by batch), CSV (pandas),
+JSON Lines or one XML document of the records as harvested (`export_xml`)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from oaipmh_dagster.errors import OAIPMHDagsterError
+from oaipmh_dagster.operations.export_xml import write_xml
 from oaipmh_dagster.operations.flat import flatten
 from oaipmh_dagster.storage.ports import DATESTAMP_PLACEHOLDER, RecordStore
 
-FORMATS = ("parquet", "csv", "jsonl")
+FORMATS = ("parquet", "csv", "jsonl", "xml")
 STDOUT = "-"
 BATCH = 10_000
 BUFFER = 1 << 20
@@ -262,6 +263,9 @@ def export(store: RecordStore, harvester_id: str, fmt: str, output: str | os.Pat
                 return _write_jsonl(store.iter_records(harvester_id), fh)
             if fmt == "csv":
                 return _write_csv(store, harvester_id, fh)
+            if fmt == "xml":
+                return write_xml(store.iter_records(harvester_id, with_raw=True), fh,
+                                 harvester_id)
             return _write_parquet(store, harvester_id, fh)
     except BrokenPipeError:
         if destination.path is None:

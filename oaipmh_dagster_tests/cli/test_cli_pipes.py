@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from lxml import etree
 
 from oaipmh_dagster.harvesting.rows import write_page
 from oaipmh_dagster.operations.export import FORMATS
@@ -52,6 +53,9 @@ def ids_of(fmt: str, data: bytes) -> list[str]:
         return [json.loads(line)["oai_identifier"] for line in data.splitlines()]
     if fmt == "csv":
         return list(pd.read_csv(io.BytesIO(data))["oai_identifier"])
+    if fmt == "xml":
+        root = etree.fromstring(data)
+        return [e.text for e in root.iter("{http://www.openarchives.org/OAI/2.0/}identifier")]
     return list(pd.read_parquet(io.BytesIO(data))["oai_identifier"])
 
 
