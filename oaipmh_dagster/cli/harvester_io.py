@@ -52,7 +52,7 @@ class _Progress:
 
     def __init__(self) -> None:
         try:
-            self.tty = click.get_text_stream("stderr").isatty()
+            self.tty = sys.stderr.isatty()
         except (AttributeError, ValueError):
             self.tty = False
 

@@ -246,7 +246,7 @@ def write_import(registry: Registry, plan: Plan, *, reload: bool = True,
     for h in done.added:
         done.lines.append(Line(f"added harvester {h.id}: {h.base_url} ({h.metadata_prefix})"))
     for old, new in plan.changed:
-        fields = [f for f in _FIELDS if getattr(old, f) != getattr(new, f)]
+        fields = sorted(f for f in _FIELDS if getattr(old, f) != getattr(new, f))
         done.lines.append(Line(f"updated harvester {new.id}: {', '.join(fields)}"))
         if SELECTION & set(fields):
             selection_changed(registry, old)
