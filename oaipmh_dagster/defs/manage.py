@@ -48,6 +48,8 @@ ACTIONS = ("add", "update", "remove")
 # The runs of this job are not retried: a refused change stays refused, and a change
 # applied before a failure must not be applied twice.
 RUN_TAGS = {"dagster/max_retries": "0"}
+# Refused harvesters of an import named in the run's failure (the log has each).
+SHOWN_REFUSALS = 10
 
 
 class _Selection(dg.Config):
@@ -332,9 +334,12 @@ def import_harvesters(action: ImportHarvesters, registry: Registry,
     for bad in plan.bad:
         log.error(launchpad_terms(f"{'skipped ' if action.skip_invalid else ''}{bad}"))
     if plan.bad and not action.skip_invalid:
+        shown = "; ".join(map(str, plan.bad[:SHOWN_REFUSALS]))
+        more = len(plan.bad) - SHOWN_REFUSALS
         raise AdminError(f"{len(plan.bad)} of {plan.rows} harvesters refused, nothing "
-                         "written (skip_invalid writes the valid ones): "
-                         + "; ".join(map(str, plan.bad)), usage=plan.usage)
+                         f"written (skip_invalid writes the valid ones): {shown}"
+                         + (f"; and {more} more (see the log)" if more > 0 else ""),
+                         usage=plan.usage)
     count = registry.shard_count() if run_location is not None else None
 
     def locate(harvester_id: str) -> str | None:

@@ -54,9 +54,10 @@ Progress = Callable[[int, int], None]
 
 @dataclass(frozen=True)
 class BadRow:
-    """A row refused: where, which harvester, why; `usage`: bad input (else the
-    endpoint or the registry refused)."""
+    """A row refused: where (`number`, 1-based, and `label`), which harvester, why;
+    `usage`: bad input (else the endpoint or the registry refused)."""
 
+    number: int
     label: str
     harvester_id: str | None
     message: str
@@ -140,24 +141,24 @@ def plan_import(registry: Registry, rows: Sequence[Row], *, update: bool = False
         try:
             wanted = _wanted(row)
         except AdminError as exc:
-            plan.bad.append(BadRow(row.label, _row_id(row), str(exc), exc.usage))
+            plan.bad.append(BadRow(row.number, row.label, _row_id(row), str(exc), exc.usage))
             continue
         except ValueError as exc:
-            plan.bad.append(BadRow(row.label, _row_id(row), str(exc)))
+            plan.bad.append(BadRow(row.number, row.label, _row_id(row), str(exc)))
             continue
         h = wanted.harvester
         if seen[h.id] > 1:
-            plan.bad.append(BadRow(row.label, h.id, f"id {h.id!r} is given more than once "
+            plan.bad.append(BadRow(row.number, row.label, h.id, f"id {h.id!r} is given more than once "
                                    f"({', '.join(where[h.id])})"))
             continue
         stored = existing.get(h.id)
         if isinstance(stored, InvalidRow):
-            plan.bad.append(BadRow(row.label, h.id, f"harvester {h.id!r} is stored with an "
+            plan.bad.append(BadRow(row.number, row.label, h.id, f"harvester {h.id!r} is stored with an "
                                    f"invalid value ({stored.error}): repair it with "
                                    "`harvester update` or remove it first", usage=False))
             continue
         if stored is not None and not update:
-            plan.bad.append(BadRow(row.label, h.id, f"harvester {h.id!r} already exists "
+            plan.bad.append(BadRow(row.number, row.label, h.id, f"harvester {h.id!r} already exists "
                                    "(--update changes it)"))
             continue
         wanted.current = stored
@@ -210,16 +211,11 @@ def _probed(plan: Plan, good: list[_Wanted], workers: int,
                 if w.current is None and not w.name_given:
                     w.harvester = h.replace(name=answer.repository_name[:255] or h.id)
         except AdminError as exc:
-            plan.bad.append(BadRow(w.row.label, h.id, str(exc), exc.usage))
+            plan.bad.append(BadRow(w.row.number, w.row.label, h.id, str(exc), exc.usage))
             continue
         kept.append(w)
-    plan.bad.sort(key=lambda b: _number(b.label))
+    plan.bad.sort(key=lambda b: b.number)
     return kept
-
-
-def _number(label: str) -> int:
-    digits = label.split(" ")[1] if " " in label else "0"
-    return int(digits) if digits.isdigit() else 0
 
 
 def _ask(url: str, group: list[_Wanted]) -> Endpoint | AdminError:
