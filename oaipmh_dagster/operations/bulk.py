@@ -119,6 +119,8 @@ def _wanted(row: Row) -> _Wanted:
 
 def _row_id(row: Row) -> str | None:
     value = row.values.get("id")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
     return value if isinstance(value, str) and value else None
 
 

@@ -227,6 +227,8 @@ def _typed(column: str, kind: Any, value: Any, text: bool) -> Any:
             raise _BadValue(f"{column} must be a number, not {value!r}")
         return float(value)
     if kind is str and not isinstance(value, str):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)  # YAML reads `id: 2024` as a number
         raise _BadValue(f"{column} must be text, not {value!r}")
     return value
 

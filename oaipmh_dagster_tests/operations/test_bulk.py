@@ -214,3 +214,11 @@ def test_an_unchanged_selection_is_not_probed(sqlite_url: str, reloads: list,
                        rows(one("old", url=closed_port_url, cron="0 3 * * *")),
                        update=True, check=True)
     assert plan.bad == [] and len(plan.changed) == 1
+
+
+def test_ids_read_as_numbers_are_compared_as_text(sqlite_url: str) -> None:
+    plan = plan_import(Registry(db.get_engine()),
+                       rows(one("2024"), {**one("x"), "id": 2024}), check=False)
+    assert [str(b) for b in plan.bad] == [
+        "row 1 (2024): id '2024' is given more than once (row 1, row 2)",
+        "row 2 (2024): id '2024' is given more than once (row 1, row 2)"]
