@@ -44,7 +44,7 @@ MANAGE_JOB = "manage_harvesters"
 MANAGE_OP = "manage_harvester"  # run config: ops: {manage_harvester: {config: ...}}
 REGISTRY_KEY = dg.AssetKey([ASSET_PREFIX, "registry"])
 TABLE_KEY = "registry"
-ACTIONS = ("add", "update", "remove")
+ACTIONS = ("add", "update", "remove", "import")
 # The runs of this job are not retried: a refused change stays refused, and a change
 # applied before a failure must not be applied twice.
 RUN_TAGS = {"dagster/max_retries": "0"}

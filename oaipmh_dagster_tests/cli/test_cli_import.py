@@ -238,3 +238,25 @@ def test_import_probes_against_the_server(run, sqlite_url: str, tmp_path: Path,
     r = run("harvester", "import", path, "--skip-invalid")
     assert r.code == 0, r.err
     assert [(h["id"], h["name"]) for h in registered()] == [("a", "Demo Research Repository")]
+
+
+def test_import_reloads_each_shard_once(run, sqlite_url: str, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from oaipmh_dagster.operations import reload
+    from oaipmh_dagster.operations.shards import shard_of
+    from oaipmh_dagster.storage.registry import SHARDS_SETTING
+
+    calls: list[str] = []
+
+    def fake(**kwargs: Any) -> tuple[bool, str]:
+        calls.append(kwargs["harvester_id"])
+        return True, f"reloaded the shard of {kwargs['harvester_id']}"
+
+    monkeypatch.setattr(reload, "reload_code_location", fake)
+    Registry(db.get_engine()).set_setting(SHARDS_SETTING, "2")
+    ids = [f"h{i}" for i in range(12)]
+    path = write(tmp_path, "h.csv", csv_of("id,url,prefix", *(f"{i},{URL},oai_dc" for i in ids)))
+    r = run("harvester", "import", path, "--no-check")
+    assert r.code == 0, r.err
+    assert sorted(shard_of(i, 2) for i in calls) == [0, 1]
+    assert sum(line.startswith("reloaded the shard of") for line in r.out.splitlines()) == 2
