@@ -573,6 +573,13 @@ def case_compression(b: Bench) -> None:
     run(b)
 
 
+def case_bulk_import(b: Bench) -> None:
+    """Case 15 (benchmarks/bulk_import.py, which imports this module)."""
+    from benchmarks.bulk_import import case_bulk_import as run
+
+    run(b)
+
+
 CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
     "1": ("fetch + parse throughput vs Sickle and oaipmh-scythe", case_fetch),
     "2": ("end-to-end harvest throughput (SQLite, PostgreSQL, job)", case_e2e),
@@ -594,6 +601,8 @@ CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
            case_list_state),
     "14": ("record bytes on PostgreSQL: the defaults vs lz4 (migration 0009)",
            case_compression),
+    "15": ("harvester import: endpoints probed by a pool vs one at a time",
+           case_bulk_import),
 }
 
 

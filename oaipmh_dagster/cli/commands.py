@@ -312,6 +312,41 @@ def harvester_remove(harvester_id: str, yes: bool, delete_records: bool) -> None
            delete_records=delete_records, confirm=confirm)
 
 
+_FILE_FORMATS = click.Choice(["csv", "json", "yaml"])
+
+
+@harvester.command("import")
+@click.argument("file", metavar="FILE")
+@click.option("--format", "fmt", type=_FILE_FORMATS, help="The file's format (default: "
+              "by its extension; needed for '-', stdin).")
+@click.option("--update", is_flag=True, help="Replace the fields of harvesters that "
+              "exist (else an existing id is a bad row).")
+@click.option("--no-check", is_flag=True, help="Do not probe the endpoints.")
+@click.option("--skip-invalid", is_flag=True, help="Write the valid rows and list the "
+              "bad ones (else one bad row refuses the whole file).")
+def harvester_import(file: str, fmt: str | None, update: bool, no_check: bool,
+                     skip_invalid: bool) -> None:
+    """Add (or with --update, change) the harvesters of a CSV, JSON or YAML file, one
+    per row with the options of `harvester add` as columns: every row is validated, and
+    the endpoints probed, before all are written at once."""
+    from oaipmh_dagster.cli.harvester_io import import_harvesters
+
+    import_harvesters(file, fmt, update=update, check=not no_check,
+                      skip_invalid=skip_invalid)
+
+
+@harvester.command("export")
+@click.option("--format", "fmt", type=_FILE_FORMATS, help="Default: by the output's "
+              "extension; json on stdout.")
+@click.option("-o", "--output", default="-", show_default=True, metavar="FILE",
+              help="A file (replaced only when the export succeeds) or '-' for stdout.")
+def harvester_export(fmt: str | None, output: str) -> None:
+    """Write every harvester as `harvester import` reads it (CSV, JSON or YAML)."""
+    from oaipmh_dagster.cli.harvester_io import export_harvesters
+
+    export_harvesters(fmt, output)
+
+
 def _publish_since(harvester_id: str, value: str | None, source: str,
                    h: Harvester | None = None) -> None:
     """Publish an operator's since for the harvester (None: the next harvest is full)."""

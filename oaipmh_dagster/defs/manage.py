@@ -24,6 +24,8 @@ from oaipmh_dagster.operations.admin import (
     remove_harvester,
     update_harvester,
 )
+from oaipmh_dagster.operations.bulk import plan_import, write_import
+from oaipmh_dagster.operations.harvester_files import Row
 from oaipmh_dagster.operations.shards import (
     DEFAULT_LOCATION,
     InvalidShard,
@@ -34,17 +36,20 @@ from oaipmh_dagster.operations.shards import (
 from oaipmh_dagster.storage.registry import Harvester, InvalidRow, Registry
 
 __all__ = ["MANAGE_JOB", "MANAGE_OP", "REGISTRY_KEY", "AddHarvester", "DagsterInstanceSide",
-           "ManageConfig", "RemoveHarvester", "UpdateHarvester", "build_manage_job",
+           "HarvesterRow", "ImportHarvesters", "ManageConfig", "RemoveHarvester",
+           "UpdateHarvester", "build_manage_job",
            "hosts_manage_job", "launchpad_terms", "registry_asset", "registry_markdown"]
 
 MANAGE_JOB = "manage_harvesters"
 MANAGE_OP = "manage_harvester"  # run config: ops: {manage_harvester: {config: ...}}
 REGISTRY_KEY = dg.AssetKey([ASSET_PREFIX, "registry"])
 TABLE_KEY = "registry"
-ACTIONS = ("add", "update", "remove")
+ACTIONS = ("add", "update", "remove", "import")
 # The runs of this job are not retried: a refused change stays refused, and a change
 # applied before a failure must not be applied twice.
 RUN_TAGS = {"dagster/max_retries": "0"}
+# Refused harvesters of an import named in the run's failure (the log has each).
+SHOWN_REFUSALS = 10
 
 
 class _Selection(dg.Config):
@@ -116,6 +121,32 @@ class UpdateHarvester(_Options):
     no_validate: bool = Field(default=False, description="Stop validating.")
 
 
+class HarvesterRow(options_model()):  # type: ignore[misc]
+    """One harvester of an import: the fields of `add` (left out: add's default)."""
+
+    id: str = Field(description=_ID_HELP)
+    url: str = Field(description="Base URL of the OAI-PMH endpoint.")
+    prefix: str = Field(description="metadataPrefix to harvest, e.g. oai_dc.")
+    validate_schema: str | None = Field(
+        default=None, description="Validate each record against an XML Schema: 'shipped' "
+        f"for the schema shipped for the prefix, {shipped_schemas_help('or')}, else the "
+        "path of a schema file (left out: no validation).")
+
+
+class ImportHarvesters(dg.Config):
+    """`oaipmh-dagster harvester import`: many harvesters in one run, validated (and
+    probed) all before any is written, written in one transaction."""
+
+    kind: Literal["import"] = "import"
+    harvesters: list[HarvesterRow] = Field(description="The harvesters, each with the "
+                                           "fields of add; a row is the whole harvester.")
+    update: bool = Field(default=False, description="Replace the fields of harvesters "
+                         "that exist (else an existing id fails the run).")
+    no_check: bool = Field(default=False, description="Do not probe the endpoints.")
+    skip_invalid: bool = Field(default=False, description="Write the valid harvesters and "
+                               "log the refused ones (else one refusal fails the run).")
+
+
 class RemoveHarvester(dg.Config):
     """`oaipmh-dagster harvester remove`."""
 
@@ -125,15 +156,15 @@ class RemoveHarvester(dg.Config):
                                  "harvested records (kept otherwise).")
 
 
-Action = AddHarvester | UpdateHarvester | RemoveHarvester
+Action = AddHarvester | UpdateHarvester | RemoveHarvester | ImportHarvesters
 
 
 class ManageConfig(dg.Config):
-    """What to do: one of add, update or remove, with the options of `oaipmh-dagster
-    harvester add/update/remove` (dashes as underscores)."""
+    """What to do: one of add, update, remove or import, with the options of
+    `oaipmh-dagster harvester add/update/remove/import` (dashes as underscores)."""
 
-    action: Action = Field(discriminator="kind", description="add, update or remove, "
-                           "with the fields that action takes.")
+    action: Action = Field(discriminator="kind", description="add, update, remove or "
+                           "import, with the fields that action takes.")
 
 
 # The command line's options named in admin's messages, as this job's config calls them.
@@ -252,8 +283,10 @@ def _given(action: AddHarvester | UpdateHarvester) -> dict[str, Any]:
 
 def apply(config: ManageConfig, registry: Registry, instance: dg.DagsterInstance,
           location: str | None) -> Change:
-    """The change `config` asks for, through `admin`."""
+    """The change `config` asks for, through `admin` (an add, update or remove)."""
     action = config.action
+    if isinstance(action, ImportHarvesters):
+        raise TypeError("an import is no single change: see `import_harvesters`")
     if isinstance(action, RemoveHarvester):
         return remove_harvester(registry, action.id, delete_records=action.delete_records,
                                 instance=DagsterInstanceSide(lambda: instance),
@@ -282,29 +315,79 @@ def _run_location(context: dg.OpExecutionContext) -> str | None:
     return origin.location_name if origin is not None else None
 
 
-@dg.op(name=MANAGE_OP, description="Add, update or remove one harvester.")
+def _import_rows(action: ImportHarvesters) -> list[Row]:
+    """The action's harvesters as the rows of a file (`validate_schema` is `validate`)."""
+    rows = []
+    for number, item in enumerate(action.harvesters, 1):
+        values = item.model_dump()
+        values["validate"] = values.pop("validate_schema")
+        rows.append(Row(number, f"harvesters[{number - 1}]", values))
+    return rows
+
+
+def import_harvesters(action: ImportHarvesters, registry: Registry,
+                      run_location: str | None, log: Any) -> str:
+    """Plan and write an import (see `bulk`); each refused row logged as an error, and
+    one refusal fails the run unless `skip_invalid`. Returns what was done."""
+    plan = plan_import(registry, _import_rows(action), update=action.update,
+                       check=not action.no_check)
+    for bad in plan.bad:
+        log.error(launchpad_terms(f"{'skipped ' if action.skip_invalid else ''}{bad}"))
+    if plan.bad and not action.skip_invalid:
+        shown = "; ".join(map(str, plan.bad[:SHOWN_REFUSALS]))
+        more = len(plan.bad) - SHOWN_REFUSALS
+        raise AdminError(f"{len(plan.bad)} of {plan.rows} harvesters refused, nothing "
+                         f"written (skip_invalid writes the valid ones): {shown}"
+                         + (f"; and {more} more (see the log)" if more > 0 else ""),
+                         usage=plan.usage)
+    count = registry.shard_count() if run_location is not None else None
+
+    def locate(harvester_id: str) -> str | None:
+        holder = holding_location(run_location, harvester_id, count)
+        return run_location if holder == run_location else None
+
+    done = write_import(registry, plan, locate=locate)
+    for line in done.lines:
+        (log.warning if line.note else log.info)(line.text)
+    return (f"import: {len(done.added)} added, {len(done.updated)} updated, "
+            f"{len(plan.unchanged)} unchanged, {len(plan.bad)} skipped")
+
+
+@dg.op(name=MANAGE_OP, description="Add, update or remove one harvester, or import many.")
 def manage_op(context: dg.OpExecutionContext, config: ManageConfig,
               oaipmh_db: OAIPMHDatabase) -> None:
     """Apply the change, log what changed and link the harvester's job, then refresh
     the registry table."""
     run_location = _run_location(context)
     registry = Registry(oaipmh_db.engine())
-    holder = holding_location(run_location, config.action.id, registry.shard_count())
+    action = config.action
     try:
-        change = apply(config, registry, context.instance,
-                       run_location if holder == run_location else None)
+        if isinstance(action, ImportHarvesters):
+            said = import_harvesters(action, registry, run_location, context.log)
+        else:
+            said = _apply_one(context, config, registry, run_location)
     except AdminError as exc:
         message = launchpad_terms(str(exc))
         context.log.error(message)
         raise dg.Failure(description=message, allow_retries=False) from None
+    context.log_event(dg.AssetMaterialization(
+        REGISTRY_KEY, description=f"after {said}",
+        metadata=_registry_metadata(context.instance, registry)))
+
+
+def _apply_one(context: dg.OpExecutionContext, config: ManageConfig, registry: Registry,
+               run_location: str | None) -> str:
+    """An add, update or remove, its lines logged and the harvester's job linked."""
+    assert not isinstance(config.action, ImportHarvesters)
+    holder = holding_location(run_location, config.action.id, registry.shard_count())
+    change = apply(config, registry, context.instance,
+                   run_location if holder == run_location else None)
     for line in change.lines:
         (context.log.warning if line.note else context.log.info)(line.text)
     if change.harvester is not None:
         context.log.info(f"job {change.harvester.job_name}: "
                          f"{job_url(holder, change.harvester.job_name)}")
-    context.log_event(dg.AssetMaterialization(
-        REGISTRY_KEY, description=f"after {change.action} {change.harvester_id}",
-        metadata=_registry_metadata(context.instance, registry)))
+    return f"{change.action} {change.harvester_id}"
 
 
 def build_manage_job() -> dg.JobDefinition:
@@ -312,11 +395,13 @@ def build_manage_job() -> dg.JobDefinition:
     the launching process (a one-op job gains nothing from a process of its own, which
     took most of a change's 18-39 s) and is never retried."""
     description = (
-        "Add, update or remove a harvester: config `action`, one of `add`, `update` or "
-        "`remove` with the fields it takes (`id`, and the options of `oaipmh-dagster "
-        "harvester add/update/remove` with underscores). The endpoint is probed as on the "
-        "command line (unless no_check); a refusal fails the run and writes nothing. Then "
-        "the code location holding the harvester is reloaded, and the asset "
+        "Add, update or remove a harvester, or import many: config `action`, one of "
+        "`add`, `update`, `remove` or `import` with the fields it takes (`id`, and the "
+        "options of `oaipmh-dagster harvester add/update/remove/import` with underscores; "
+        "`import` takes a list `harvesters` of add's fields). The endpoint is probed as on "
+        "the command line (unless no_check); a refusal fails the run and writes nothing. "
+        "Then the code location holding the harvester (each shard holding an imported "
+        "one) is reloaded, and the asset "
         f"{REGISTRY_KEY.to_user_string()} shows the registry.")
 
     @dg.job(name=MANAGE_JOB, executor_def=dg.in_process_executor, tags=RUN_TAGS,

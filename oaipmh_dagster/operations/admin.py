@@ -31,9 +31,10 @@ from oaipmh_dagster.storage.registry import (
 )
 from oaipmh_dagster.words import count
 
-__all__ = ["HTTP_FIELDS", "AdminError", "Change", "InstanceSide", "Line", "add_harvester",
-           "remove_harvester", "resolve_schema", "transformer_for_prefix", "tuning_values",
-           "update_harvester"]
+__all__ = ["HTTP_FIELDS", "SELECTION", "AdminError", "Change", "Endpoint", "InstanceSide",
+           "Line", "add_harvester", "ask_endpoint", "check_offer", "new_harvester",
+           "remove_harvester", "resolve_schema", "selection_changed",
+           "transformer_for_prefix", "tuning_values", "update_harvester"]
 
 # The tuning fields declared on the row (see `fields`), optional on add and update.
 HTTP_FIELDS = tuple(f.name for f in declared(Harvester))
@@ -205,34 +206,59 @@ def transformer_for_prefix(current: Harvester, changes: dict[str, Any]) -> list[
     return lines
 
 
-def probe(url: str, prefix: str, timeout: float, sets: tuple[str, ...] = ()) -> str:
-    """Identify + ListMetadataFormats (+ ListSets when `sets` are given); refuse a prefix
-    the server does not offer or a set it does not list. Returns the repository name."""
+@dataclass(frozen=True)
+class Endpoint:
+    """What a probe learned of an endpoint: its name, prefixes and (when asked) sets."""
+
+    url: str
+    repository_name: str
+    prefixes: tuple[str, ...]
+    sets: tuple[str, ...] = ()
+
+
+def ask_endpoint(url: str, timeout: float, with_sets: bool = False) -> Endpoint:
+    """Identify + ListMetadataFormats (+ ListSets `with_sets`); a failure is one
+    `AdminError` (not bad input)."""
     from oaipmh_dagster.oai import OAIError
     from oaipmh_dagster.operations.endpoint import client as endpoint_client
-    from oaipmh_dagster.operations.endpoint import missing_sets, some
 
     try:
         with endpoint_client(url, timeout) as client:
             ident = client.identify()
             formats = client.list_metadata_formats()
-            offered_sets = [s.spec for s in client.list_sets()] if sets else []
+            offered_sets = [s.spec for s in client.list_sets()] if with_sets else []
     except OAIError as exc:
         raise AdminError(f"cannot use {url} as an OAI-PMH endpoint: {exc} "
                          "(use --no-check to register it anyway)") from exc
-    offered = sorted(f.prefix for f in formats)
+    return Endpoint(url, ident.repository_name, tuple(sorted(f.prefix for f in formats)),
+                    tuple(offered_sets))
+
+
+def check_offer(endpoint: Endpoint, prefix: str, sets: tuple[str, ...] = ()) -> None:
+    """Refuse a prefix the endpoint does not offer or a set it does not list (`endpoint`
+    asked `with_sets` when `sets` are given)."""
+    from oaipmh_dagster.operations.endpoint import missing_sets, some
+
+    url, offered = endpoint.url, endpoint.prefixes
     if prefix not in offered:
         raise AdminError(f"{url} does not offer metadataPrefix {prefix!r}; it offers: "
                          f"{', '.join(offered)}", usage=True)
-    if sets and not offered_sets:
+    if sets and not endpoint.sets:
         raise AdminError(f"{url} does not support sets (it lists none): harvest it whole, "
                          "without --set (or use --no-check to register it anyway)")
-    missing = missing_sets(sets, offered_sets)
+    missing = missing_sets(sets, endpoint.sets)
     if missing:
         raise AdminError(f"{url} does not list set {', '.join(map(repr, missing))}; it "
-                         f"lists: {some(offered_sets)} (see `oaipmh-dagster sets {url}`; "
-                         "--no-check registers it anyway)")
-    return ident.repository_name
+                         f"lists: {some(list(endpoint.sets))} (see `oaipmh-dagster sets "
+                         f"{url}`; --no-check registers it anyway)")
+
+
+def probe(url: str, prefix: str, timeout: float, sets: tuple[str, ...] = ()) -> str:
+    """Identify + ListMetadataFormats (+ ListSets when `sets` are given); refuse a prefix
+    the server does not offer or a set it does not list. Returns the repository name."""
+    endpoint = ask_endpoint(url, timeout, with_sets=bool(sets))
+    check_offer(endpoint, prefix, sets)
+    return endpoint.repository_name
 
 
 def _reload(change: Change, location: str | None) -> None:
@@ -254,7 +280,7 @@ def _forget_state(registry: Registry, harvester_id: str) -> None:
     open_store(registry.engine).forget(harvester_id)
 
 
-def _selection_changed(registry: Registry, old: Harvester) -> None:
+def selection_changed(registry: Registry, old: Harvester) -> None:
     """Forget the checkpoint and lease of a harvest of `old`'s selection (a running one
     stops at its next page: its lease is gone), and keep in the harvest state which
     selection the store holds records of (`old`'s, unless one is recorded already), so
@@ -266,16 +292,14 @@ def _selection_changed(registry: Registry, old: Harvester) -> None:
         old.id, scope(old.base_url, old.metadata_prefix, old.sets))
 
 
-def add_harvester(
-    registries: Registries, harvester_id: str, *, url: str | None, prefix: str | None,
-    sets: tuple[str, ...] = (), cron: str | None = None, timezone: str = "UTC",
-    enabled: bool = True, name: str | None = None, transformer: str | None = None,
-    check: bool = True, reload: bool = True, location: str | None = None,
-    validate: str | None = None, **http: Any,
-) -> Change:
-    """Register a harvester (the endpoint probed unless not `check`); `http`: the
-    `HTTP_FIELDS` (see `tuning_values`). `validate`: see
-    `resolve_schema` (None: no validation)."""
+def new_harvester(
+    harvester_id: str, *, url: str | None, prefix: str | None, sets: tuple[str, ...] = (),
+    cron: str | None = None, timezone: str = "UTC", enabled: bool = True,
+    name: str | None = None, transformer: str | None = None, validate: str | None = None,
+    **http: Any,
+) -> Harvester:
+    """The row an add writes, validated (its transformer loaded, its schema resolved),
+    before the endpoint probe; `AdminError` (bad input) else. See `add_harvester`."""
     if not url or not prefix:
         raise AdminError("adding a harvester needs a url and a prefix", usage=True)
     http = tuning_values(http)
@@ -290,10 +314,28 @@ def add_harvester(
                       transformer=transformer or "", **http)
     except InvalidHarvester as exc:
         raise AdminError(str(exc), usage=True) from exc
+    except TypeError as exc:  # a value of the wrong type (a number for a text field)
+        raise AdminError(f"invalid value: {exc}", usage=True) from exc
     if transformer:  # else the built-in default for the prefix
         _check_transformer(h.transformer)
     if validate is not None:
         h = h.replace(schema=resolve_schema(validate, prefix))
+    return h
+
+
+def add_harvester(
+    registries: Registries, harvester_id: str, *, url: str | None, prefix: str | None,
+    sets: tuple[str, ...] = (), cron: str | None = None, timezone: str = "UTC",
+    enabled: bool = True, name: str | None = None, transformer: str | None = None,
+    check: bool = True, reload: bool = True, location: str | None = None,
+    validate: str | None = None, **http: Any,
+) -> Change:
+    """Register a harvester (the endpoint probed unless not `check`); `http`: the
+    `HTTP_FIELDS` (see `tuning_values`). `validate`: see
+    `resolve_schema` (None: no validation)."""
+    h = new_harvester(harvester_id, url=url, prefix=prefix, sets=sets, cron=cron,
+                      timezone=timezone, enabled=enabled, name=name,
+                      transformer=transformer, validate=validate, **http)
     registry = _open(registries)
     try:
         registry.get(h.id)
@@ -303,7 +345,7 @@ def add_harvester(
     except InvalidHarvester as exc:
         raise AdminError(str(exc)) from exc
     if check:
-        repo_name = probe(url, prefix, h.timeout, h.sets)
+        repo_name = probe(h.base_url, h.metadata_prefix, h.timeout, h.sets)
         if not name:
             h = h.replace(name=repo_name[:255] or h.id)
     try:
@@ -384,7 +426,7 @@ def update_harvester(
         (new.base_url, new.metadata_prefix, set(new.sets))
         != (current.base_url, current.metadata_prefix, set(current.sets))
     ):
-        _selection_changed(registry, current)
+        selection_changed(registry, current)
         change.say("the URL, prefix or sets changed: the next harvest is a full one, and "
                    "the next complete harvest tombstones the live records it does not find "
                    f"in the new selection (more than max_delete {new.max_delete} allows "

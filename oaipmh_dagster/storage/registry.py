@@ -559,6 +559,33 @@ class Registry:
             raise HarvesterNotFound(f"no harvester {harvester_id!r}")
         return new
 
+    def write_many(self, new: Sequence[Harvester], changed: Sequence[Harvester],
+                   ) -> builtins.list[Harvester]:
+        """Insert `new` and replace the rows of `changed` (every field but the creation
+        time) in one transaction: all or nothing. `HarvesterExists` for a taken id of
+        `new`, `HarvesterNotFound` for a missing one of `changed`. Returns the rows
+        written, `new` then `changed`."""
+        now = _now()
+        added = [dataclasses.replace(h, created=now, updated=now) for h in new]
+        replaced = [dataclasses.replace(h, updated=now) for h in changed]
+        table = harvester_table
+        try:
+            with self.engine.begin() as conn:
+                if added:
+                    conn.execute(table.insert(), [_row_values(h) for h in added])
+                for h in replaced:
+                    values = _row_values(h)
+                    values.pop("id")
+                    values.pop("created")
+                    done = conn.execute(table.update().where(table.c.id == h.id)
+                                        .values(**values))
+                    if done.rowcount == 0:
+                        raise HarvesterNotFound(f"no harvester {h.id!r}")
+        except sa.exc.IntegrityError as exc:
+            raise HarvesterExists("a harvester of the same id was added meanwhile: nothing "
+                                  "written") from exc
+        return added + replaced
+
     def remove(self, harvester_id: str) -> None:
         """Delete a harvester row (its harvested records are kept)."""
         with self.engine.begin() as conn:
