@@ -1,4 +1,4 @@
-"""Case 15: the probe of `harvester import`. E endpoints (benchmark servers, each a
+"""Case 20: the probe of `harvester import`. E endpoints (benchmark servers, each a
 process of its own, answering after a latency), R rows per endpoint (different ids, the
 same prefix): the import's plan with its bounded pool (each endpoint once, 8 at a time),
 the same plan one endpoint at a time, and one probe per row in turn (what E x R
@@ -57,7 +57,7 @@ def case_bulk_import(b: Bench) -> None:
                 best[name] = min(best[name], time.perf_counter() - t0)
     n = len(rows)
     label = f"{n} rows, {endpoints} endpoints, {LATENCY} s latency"
-    b.add(Row("15", f"import probe, pool of {PROBE_WORKERS} ({label})", f"{best['pool']:.2f} s",
+    b.add(Row("20", f"import probe, pool of {PROBE_WORKERS} ({label})", f"{best['pool']:.2f} s",
               f"{best['one at a time'] / best['pool']:.1f}x faster than one at a time, "
               f"{best['a probe per row'] / best['pool']:.1f}x than a probe per row",
               values={"seconds": best, "rows": n, "endpoints": endpoints}))

@@ -601,7 +601,7 @@ CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
            case_list_state),
     "14": ("record bytes on PostgreSQL: the defaults vs lz4 (migration 0009)",
            case_compression),
-    "15": ("harvester import: endpoints probed by a pool vs one at a time",
+    "20": ("harvester import: endpoints probed by a pool vs one at a time",
            case_bulk_import),
 }
 
