@@ -3,11 +3,13 @@ anything is written, then one transaction, then one reload per shard that holds 
 changed harvester. The one code path of `oaipmh-dagster harvester import` and of the
 `manage_harvesters` job's `import` action.
 
-A row is the whole harvester, as `harvester add` with those options would register it:
-what it leaves out takes add's default, except an empty name, which keeps an existing
-harvester's name. An id already registered is refused unless `update`; then the row
-replaces the harvester's fields (`harvester update`'s rules: a changed URL, prefix or
-sets forget the harvest state). A row equal to the stored harvester is left alone."""
+A new row is the whole harvester, as `harvester add` with those options would register
+it: what it leaves out takes add's default. An id already registered is refused unless
+`update`; then the columns the row gives replace the harvester's fields and those it
+leaves out keep their stored values (an empty cell is the default, except an empty
+name, which keeps the stored name), by `harvester update`'s rules: a changed URL,
+prefix or sets forget the harvest state. A row equal to the stored harvester is left
+alone."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from oaipmh_dagster.operations.admin import (
     new_harvester,
     selection_changed,
 )
-from oaipmh_dagster.operations.harvester_files import Row, row_fields
+from oaipmh_dagster.operations.harvester_files import Row, filled_from, row_fields
 from oaipmh_dagster.operations.shards import shard_of
 from oaipmh_dagster.storage.registry import (
     Harvester,
@@ -140,6 +142,9 @@ def plan_import(registry: Registry, rows: Sequence[Row], *, update: bool = False
     existing = {r.id: r for r in registry.list_rows()}
     good: list[_Wanted] = []
     for row in rows:
+        current = existing.get(_row_id(row) or "")
+        if update and isinstance(current, Harvester) and row.problem is None:
+            row = filled_from(row, current)
         try:
             wanted = _wanted(row)
         except AdminError as exc:

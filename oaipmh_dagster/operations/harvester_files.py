@@ -5,7 +5,8 @@ written back so that what `dump` writes, `read_rows` reads to the same rows.
 CSV: a header row naming columns of `COLUMNS` (in any order; `id` is required); an
 empty cell is the field's default; `enabled` is true/false (yes/no, 1/0); `sets` are
 set specs joined by `|` (a set spec holds no `|`). JSON: a list of objects; YAML: a
-list of mappings; null (or a key left out, or "") is the default.
+list of mappings; null (or a key left out, or "") is the default. With `--update`, a
+column (key) left out of the file keeps an existing harvester's stored value.
 
 A file that cannot be read as its format is one `FileProblem`; a row with a bad value
 is a `Row` with a `problem`, so that every bad row is told at once."""
@@ -13,6 +14,7 @@ is a `Row` with a `problem`, so that every bad row is told at once."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import re
@@ -25,7 +27,7 @@ from oaipmh_dagster.fields import declared
 from oaipmh_dagster.storage.registry import Harvester
 
 __all__ = ["COLUMNS", "FORMATS", "SET_SEPARATOR", "FileProblem", "Row", "dump",
-           "format_of", "harvester_record", "read_rows", "row_fields"]
+           "filled_from", "format_of", "harvester_record", "read_rows", "row_fields"]
 
 FORMATS = ("csv", "json", "yaml")
 _EXTENSIONS = {".csv": "csv", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}
@@ -77,6 +79,14 @@ def harvester_record(h: Harvester) -> dict[str, Any]:
         "transformer": h.transformer, "validate": h.schema}
     record.update({f.name: getattr(h, f.name) for f in declared(Harvester)})
     return record
+
+
+def filled_from(row: Row, h: Harvester) -> Row:
+    """`row` with the columns it leaves out taken from the stored harvester `h` (an
+    update: a file of `id,cron` changes the cron alone; an empty cell is the default)."""
+    missing = {column: (_cell(value) if row.text else value)
+               for column, value in harvester_record(h).items() if column not in row.values}
+    return dataclasses.replace(row, values={**missing, **row.values}) if missing else row
 
 
 def _cell(value: Any) -> str:

@@ -95,14 +95,13 @@ def test_an_existing_id_needs_update(sqlite_url: str, reloads: list) -> None:
                        update=True, check=False)
     assert plan.bad == [] and [h.id for h in plan.new] == ["new"]
     ((stored, wanted),) = plan.changed
-    # The row is the whole harvester: max_retries left out is add's default again; an
-    # empty name keeps the stored one.
-    assert (wanted.cron, wanted.max_retries, wanted.name) == ("0 2 * * *", 5, "Kept")
+    # A field the row leaves out keeps its stored value (max_retries, name).
+    assert (wanted.cron, wanted.max_retries, wanted.name) == ("0 2 * * *", 2, "Kept")
     done = write_import(registry, plan)
     assert [line.text for line in done.lines][:2] == [
-        f"added harvester new: {URL} (oai_dc)", "updated harvester old: cron, max_retries"]
+        f"added harvester new: {URL} (oai_dc)", "updated harvester old: cron"]
     h = registry.get("old")
-    assert (h.cron, h.max_retries, h.name) == ("0 2 * * *", 5, "Kept")
+    assert (h.cron, h.max_retries, h.name) == ("0 2 * * *", 2, "Kept")
     again = plan_import(registry, rows(one("old", cron="0 2 * * *")), update=True,
                         check=False)
     assert again.unchanged == ["old"] and again.changed == [] and again.new == []
@@ -222,3 +221,21 @@ def test_ids_read_as_numbers_are_compared_as_text(sqlite_url: str) -> None:
     assert [str(b) for b in plan.bad] == [
         "row 1 (2024): id '2024' is given more than once (row 1, row 2)",
         "row 2 (2024): id '2024' is given more than once (row 1, row 2)"]
+
+
+def test_an_update_row_changes_only_what_it_names(sqlite_url: str, reloads: list) -> None:
+    """`--update` with a partial file (`id,cron`): the columns left out keep their stored
+    values (even url and prefix, which a new row needs); an empty cell is the default."""
+    add_harvester("old", URL, name="Kept", cron="0 1 * * *", max_retries=2, delay=1.5)
+    registry = Registry(db.get_engine())
+    plan = plan_import(registry, [Row(1, "row 1", {"id": "old", "cron": "0 3 * * *"}),
+                                  Row(2, "row 2", {"id": "old2", "cron": "0 3 * * *"})],
+                       update=True, check=False)
+    assert [b.harvester_id for b in plan.bad] == ["old2"]  # new: needs url and prefix
+    ((_, wanted),) = plan.changed
+    assert (wanted.base_url, wanted.cron, wanted.max_retries, wanted.delay, wanted.name) == (
+        URL, "0 3 * * *", 2, 1.5, "Kept")
+    csv_row = Row(1, "row 1 (line 2)", {"id": "old", "cron": "0 4 * * *", "delay": ""},
+                  text=True)
+    ((_, wanted),) = plan_import(registry, [csv_row], update=True, check=False).changed
+    assert (wanted.cron, wanted.max_retries, wanted.delay) == ("0 4 * * *", 2, 0.0)
