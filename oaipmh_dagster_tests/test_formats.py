@@ -57,7 +57,10 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> MetadataFormat:
 def test_rows_are_consistent() -> None:
     names = [n for f in FORMATS for n in f.names]
     prefixes = [p for f in FORMATS for p in f.prefixes]
+    roots = [r for f in FORMATS for r in f.roots]
     assert len(names) == len(set(names)) and len(prefixes) == len(set(prefixes))
+    assert len(roots) == len(set(roots)) and all(r.startswith("{") for r in roots)
+    assert all(f.roots for f in FORMATS if f.prefixes)  # a crosswalk can yield each one
     for row in FORMATS:
         assert set(row.schema_skips) <= set(row.prefixes), row.name
         assert all(p == p.lower() for p in row.prefixes), row.name

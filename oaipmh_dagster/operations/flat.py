@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from oaipmh_dagster.transform.xml import readable
+
 __all__ = ["flatten"]
 
 
 def flatten(item: dict[str, Any], *, max_len: int | None = None) -> dict[str, Any]:
-    """One record as flat columns: `metadata.<field>` with lists joined by ' | '."""
+    """One record as flat columns: `metadata.<field>` with lists joined by ' | ' (a row
+    of the generic mapping's old lossless shape as its element paths)."""
     out: dict[str, Any] = {
         "oai_identifier": item["oai_identifier"],
         "datestamp": item["datestamp"],
@@ -17,7 +20,7 @@ def flatten(item: dict[str, Any], *, max_len: int | None = None) -> dict[str, An
         "sets": " | ".join(item["sets"]),
         "errors": json.dumps(item["errors"]) if item["errors"] else "",
     }
-    for key, value in (item.get("metadata") or {}).items():
+    for key, value in (readable(item.get("metadata")) or {}).items():
         if isinstance(value, list):
             value = " | ".join(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
                                for v in value)
