@@ -131,7 +131,7 @@ def test_a_new_row_drives_schemas_and_unwrapping(fake: MetadataFormat) -> None:
     assert formats.schema_for_prefix("oai_fake") == "fake"
     assert formats.schema_for_prefix("fake0") is None
     assert registry.validate_schema("fake") == "fake"
-    with pytest.raises(registry.InvalidHarvester, match="marc21, fake or the absolute"):
+    with pytest.raises(registry.InvalidHarvester, match="marc21, fake, the absolute"):
         registry.validate_schema("nope")
     assert validation.schema_path("fake") == Path(fake.schema or "")
     validator = validation.Validator("fake")
@@ -165,7 +165,7 @@ def test_a_new_row_shows_in_the_help(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     shown = json.loads(done.stdout.splitlines()[-1])
     assert "marc21, marcxml; fake, oai_fake)" in shown["cli"]
-    assert "(oai_dc, datacite, marc21, fake) or the path" in shown["cli"]
+    assert "(oai_dc, datacite, marc21, fake), the path" in shown["cli"]
     assert "oai_dc, datacite, marc21 or fake for that shipped schema" in shown["manage"]
 
 
