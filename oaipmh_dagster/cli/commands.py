@@ -677,14 +677,11 @@ def _print_raw(items: Any, alone: bool) -> None:
 def _print_records(items: Any) -> None:
     from tabulate import tabulate
 
+    from oaipmh_dagster.operations.flat import display_title
+
     rows = []
     for item in items:
-        meta = item["metadata"] or {}
-        title = meta.get("title") or meta.get("titles") or ""
-        if isinstance(title, list):
-            title = title[0] if title else ""
-        if isinstance(title, dict):
-            title = title.get("title", "")
+        title = display_title(item["metadata"])
         rows.append([item["oai_identifier"], datestamp(item["datestamp"]),
                      "deleted" if item["deleted"] else "live", ",".join(item["sets"]),
                      str(title)[:60],

@@ -7,7 +7,7 @@ from typing import Any
 
 from oaipmh_dagster.transform.xml import readable
 
-__all__ = ["flatten"]
+__all__ = ["display_title", "flatten"]
 
 
 def flatten(item: dict[str, Any], *, max_len: int | None = None) -> dict[str, Any]:
@@ -30,3 +30,21 @@ def flatten(item: dict[str, Any], *, max_len: int | None = None) -> dict[str, An
             value = value[: max_len - 1] + "…"
         out[f"metadata.{key}"] = value
     return out
+
+
+def display_title(metadata: Any) -> str:
+    """A record's title for a table: the `title` (or first of `titles`) of a format's
+    fields, else the first value of an element named title (the generic mapping's
+    `.../title`); "" when none."""
+    meta = readable(metadata)
+    if not isinstance(meta, dict):
+        return ""
+    title = meta.get("title") or meta.get("titles")
+    if not title:
+        title = next((v for k, v in meta.items()
+                      if isinstance(k, str) and k.rpartition("/")[2] == "title" and v), "")
+    if isinstance(title, list):
+        title = title[0] if title else ""
+    if isinstance(title, dict):
+        title = title.get("title") or ""
+    return str(title)

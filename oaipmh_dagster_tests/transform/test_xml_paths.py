@@ -91,3 +91,15 @@ def test_real_mods_through_the_generic_mapping() -> None:
         assert all(isinstance(v, list) and all(isinstance(s, str) for s in v)
                    for v in out.values())
         assert "mods/@schemaLocation" not in out
+
+
+def test_the_records_table_shows_a_title_of_every_shape() -> None:
+    from oaipmh_dagster.operations.flat import display_title
+
+    generic = transform_record("xml", SMALL)
+    assert display_title(generic) == "T"  # the first element named title
+    assert display_title(xml_mod.lossless(etree.fromstring(SMALL))) == "T"  # an old row
+    assert display_title({"title": ["DC"], "creator": []}) == "DC"
+    assert display_title({"title": "MODS", "titles": [{"title": "MODS"}]}) == "MODS"
+    assert display_title({"titles": [{"title": "DataCite", "lang": None}]}) == "DataCite"
+    assert display_title(None) == "" and display_title({"x/y": ["z"]}) == ""
