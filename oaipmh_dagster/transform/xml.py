@@ -5,8 +5,9 @@ of the record's elements in local names from its root (``mods/titleInfo/title``)
 whose values are the stripped, non-blank texts of the elements at that path, in document
 order. An element that holds other elements has a key only when it also holds text of
 its own (mixed content: its value is all its text); an empty leaf has a key with ``[]``.
-Attributes are ``path/@name`` (``xml:lang`` keeps its prefix, other namespaced
-attributes are named by their local name; ``xsi:schemaLocation`` is left out).
+Attributes are ``path/@name`` (``xml:`` and ``xsi:`` attributes keep their prefix,
+other namespaced attributes are named by their local name; ``xsi:schemaLocation`` is
+left out).
 Comments and processing instructions are left out.
 
 :func:`lossless` is the mapping earlier versions stored (rows of that shape are still in
@@ -93,6 +94,8 @@ def _attribute_name(name: str) -> str | None:
         return None
     if name.startswith(_XML_NS):
         return "xml:" + name[len(_XML_NS):]
+    if name.startswith(_XSI_NS):  # xsi:type beside a type of the element's own
+        return "xsi:" + name[len(_XSI_NS):]
     return name.rpartition("}")[2]
 
 

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lxml import etree
 
-from oaipmh_dagster.transform import parse_metadata
-from oaipmh_dagster.transform.xml import dict_to_xml, lossless
+from oaipmh_dagster.transform import parse_metadata, transform_record
+from oaipmh_dagster.transform.xml import dict_to_xml, lossless, readable
 
 
 def transform_lossless(xml: bytes) -> dict[str, Any]:
@@ -120,6 +120,18 @@ def _build(spec: Spec, parent: etree._Element | None = None) -> etree._Element:
 def test_generated_trees_round_trip(spec: Spec) -> None:
     root = _build(spec)
     assert_round_trip(etree.tostring(root, encoding="UTF-8"))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(roots)
+def test_old_rows_read_as_the_element_paths_of_the_same_record(spec: Spec) -> None:
+    raw = etree.tostring(_build(spec), encoding="UTF-8")
+    paths = transform_record("xml", raw)
+    assert readable(transform_lossless(raw)) == paths
+    root = etree.QName(parse_metadata(raw)).localname
+    assert all(key == root or key.startswith(f"{root}/") for key in paths)
+    assert all(isinstance(v, list) and all(isinstance(t, str) and t == t.strip() and t
+                                           for t in v) for v in paths.values())
 
 
 # --- hand-picked cases ---------------------------------------------------------------

@@ -103,3 +103,9 @@ def test_the_records_table_shows_a_title_of_every_shape() -> None:
     assert display_title({"title": "MODS", "titles": [{"title": "MODS"}]}) == "MODS"
     assert display_title({"titles": [{"title": "DataCite", "lang": None}]}) == "DataCite"
     assert display_title(None) == "" and display_title({"x/y": ["z"]}) == ""
+
+
+def test_xsi_type_keeps_its_prefix() -> None:
+    out = transform_record("xml", b'<r xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance">'
+                           b'<d type="own" xsi:type="dcterms:W3CDTF">2020</d></r>')
+    assert out == {"r/d/@type": ["own"], "r/d/@xsi:type": ["dcterms:W3CDTF"], "r/d": ["2020"]}
