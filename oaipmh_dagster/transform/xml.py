@@ -99,26 +99,55 @@ def _attribute_name(name: str) -> str | None:
     return name.rpartition("}")[2]
 
 
-def _paths(el: etree._Element, path: str, out: dict[str, list[str]]) -> None:
-    for name, value in el.attrib.items():
-        shown = _attribute_name(str(name))
-        if shown is not None and str(value).strip():
-            out.setdefault(f"{path}/@{shown}", []).append(str(value).strip())
-    children = [c for c in el if type(c.tag) is str]
-    own = [el.text, *(c.tail for c in el)]
-    if not children or any(t and not t.isspace() for t in own):
+def _paths(el: etree._Element, path: str, out: dict[str, list[str]],
+           names: dict[str, str]) -> None:
+    """Add `el` (at `path`) and its subtree to `out`; `names`: local names by tag (and
+    shown attribute names by ``@`` and the attribute's name)."""
+    attrib = el.attrib
+    if attrib:
+        for name, value in attrib.items():
+            key = "@" + str(name)  # cached as "" when the attribute is left out
+            shown = names.get(key)
+            if shown is None:
+                shown = names[key] = _attribute_name(str(name)) or ""
+            value = str(value).strip()
+            if shown and value:
+                out.setdefault(f"{path}/@{shown}", []).append(value)
+    text = el.text
+    if not len(el):  # a leaf: a key even when blank
         values = out.setdefault(path, [])
-        text = "".join(texts(el)).strip() if len(el) else (el.text or "").strip()
-        if text:
+        if text and (text := text.strip()):
             values.append(text)
-    for child in children:
-        _paths(child, f"{path}/{child.tag.rpartition('}')[2]}", out)
+        return
+    # The key goes before the children's (document order); it is dropped again when the
+    # element turns out to hold elements only.
+    created = path not in out
+    values = out.setdefault(path, [])
+    mixed = bool(text and not text.isspace())
+    elements = False
+    for child in el:
+        tag = child.tag
+        if tag.__class__ is str:
+            elements = True
+            local = names.get(tag)
+            if local is None:
+                local = names[tag] = tag.rpartition("}")[2]
+            _paths(child, f"{path}/{local}", out, names)
+        if not mixed:
+            tail = child.tail
+            mixed = bool(tail and not tail.isspace())
+    if mixed or not elements:  # text of its own, or only comments and PIs: a leaf
+        value = "".join(texts(el)).strip()
+        if value:
+            values.append(value)
+    elif created:
+        del out[path]
 
 
 def transform(root: etree._Element) -> dict[str, list[str]]:
     """Map ``root`` to element path -> text values; see the module docstring."""
     out: dict[str, list[str]] = {}
-    _paths(root, str(root.tag).rpartition("}")[2], out)
+    _paths(root, str(root.tag).rpartition("}")[2], out, {})
     return out
 
 
