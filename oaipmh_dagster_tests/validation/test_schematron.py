@@ -5,6 +5,8 @@ kept records are not failed, and `schema_valid` counts them."""
 
 from __future__ import annotations
 
+import http.server
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -140,3 +142,36 @@ def test_a_harvest_keeps_the_failing_records_and_schema_valid_counts_them(
                             ("oai:t:dc-3", "A record has a title.")]
     check = schema_check_result(store, h, dg.AssetKey(["oaipmh", "sv", "raw_records"]))
     assert not check.passed and check.metadata["invalid"].value == 2
+
+
+def test_a_schematron_reads_no_url(tmp_path: Path) -> None:
+    """document() of a URL in an assertion is refused: no request leaves, the record
+    gets a schematron error."""
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the http.server hook
+            hits.append(self.path)
+            body = b"<ok/>"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/list.xml"
+        path = tmp_path / "net.sch"
+        path.write_text(SCH.replace('test="dc:title"', f"test=\"document('{url}')/ok\""))
+        errors = Validator(f"schematron:{path}")(DC.format("<dc:title>Title</dc:title>"))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=5)
+    assert hits == []
+    assert errors and all(e["type"] == "schematron" for e in errors)
