@@ -103,3 +103,8 @@ SINCE_SOURCE_KEY = "oai/since_source"
 OPERATOR_KEY = "oai/set_by_operator"
 # Definitions metadata: the harvester rows the code location was built from.
 ROWS_KEY = "oaipmh/harvesters"
+# A harvester's schema field naming an ISO Schematron file: this prefix and its path.
+SCHEMATRON_PREFIX = "schematron:"
+# The error types of a record that is kept although invalid: XML Schema, Schematron.
+SCHEMA_ERROR = "schema"
+SCHEMATRON_ERROR = "schematron"

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["FALLBACK", "FORMATS", "MetadataFormat", "default_transformer", "format_named",
+           "format_of_root",
            "reads", "schema_for_prefix", "schema_prefixes_help", "shipped_schemas",
            "shipped_schemas_help", "transformer_ref", "transformer_refs", "unwrap"]
 
@@ -32,7 +33,9 @@ class MetadataFormat:
     shipped); `unwrap` the local names from a wrapper's root down to the element whose
     first child is the format's own element (``()``: never wrapped); `aliases` other
     names of the transformer; `schema_skips` prefixes the shipped schema does not
-    describe (another version of the format, a loose alias)."""
+    describe (another version of the format, a loose alias); `roots` the root elements
+    (Clark notation, ``{namespace}local``) of the format's records, by which an XSLT
+    result is known to be of the format (:func:`format_of_root`)."""
 
     name: str
     prefixes: tuple[str, ...]
@@ -41,6 +44,7 @@ class MetadataFormat:
     unwrap: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
     schema_skips: tuple[str, ...] = ()
+    roots: tuple[str, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -59,13 +63,31 @@ _T = "oaipmh_dagster.transform."
 # The built-in transformer for a prefix no row names: it reads any record.
 FALLBACK = "xml"
 
+_DATACITE = "http://datacite.org/schema/"
+_MARC = "{http://www.loc.gov/MARC21/slim}"
+_MODS = "{http://www.loc.gov/mods/v3}"
+
 FORMATS: tuple[MetadataFormat, ...] = (
-    MetadataFormat("oai_dc", ("oai_dc",), _T + "oai_dc:transform", "oai_dc.xsd"),
+    MetadataFormat("oai_dc", ("oai_dc",), _T + "oai_dc:transform", "oai_dc.xsd",
+                   roots=("{http://www.openarchives.org/OAI/2.0/oai_dc/}dc",)),
     MetadataFormat("datacite", ("datacite", "oai_datacite", "datacite3", "datacite4"),
                    _T + "datacite:transform", "datacite-kernel-4.xsd",
-                   unwrap=("oai_datacite", "payload"), schema_skips=("datacite3",)),
+                   unwrap=("oai_datacite", "payload"), schema_skips=("datacite3",),
+                   roots=tuple(f"{{{_DATACITE}kernel-{v}}}resource"
+                               for v in ("4", "3", "2.2", "2.1", "2.0"))
+                   + ("{http://schema.datacite.org/oai/oai-1.1/}oai_datacite",
+                      "{http://schema.datacite.org/oai/oai-1.0/}oai_datacite")),
     MetadataFormat("marc21", ("marc21", "marcxml", "marc"), _T + "marc21:transform",
-                   "marc21-slim.xsd", aliases=("marcxml",), schema_skips=("marc",)),
+                   "marc21-slim.xsd", aliases=("marcxml",), schema_skips=("marc",),
+                   roots=(f"{_MARC}record", f"{_MARC}collection")),
+    MetadataFormat("mods", ("mods",), _T + "mods:transform",
+                   roots=(f"{_MODS}mods", f"{_MODS}modsCollection")),
+    MetadataFormat("qdc", ("qdc", "oai_qdc"), _T + "qdc:transform",
+                   roots=("{http://worldcat.org/xmlschemas/qdc-1.0/}qualifieddc",
+                          "{http://dspace.org/qualifieddc/}qualifieddc",
+                          "{http://purl.org/dc/terms/}qualifieddc")),
+    MetadataFormat("oai_openaire", ("oai_openaire",), _T + "openaire:transform",
+                   roots=("{http://namespace.openaire.eu/schema/oaire/}resource",)),
     MetadataFormat(FALLBACK, (), _T + "xml:transform"),
 )
 
@@ -73,6 +95,11 @@ FORMATS: tuple[MetadataFormat, ...] = (
 def format_named(name: str) -> MetadataFormat | None:
     """The row whose transformer is called `name` (a name or an alias)."""
     return next((f for f in FORMATS if name in f.names), None)
+
+
+def format_of_root(tag: Any) -> MetadataFormat | None:
+    """The row whose records have this root element (Clark notation), None when none."""
+    return next((f for f in FORMATS if tag in f.roots), None)
 
 
 def _for_prefix(prefix: str) -> MetadataFormat | None:

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from oaipmh_dagster.storage.ports import (
-    SCHEMA_ERROR,
+    VALIDATION_ERRORS,
     WRITE_COLUMNS,
     HarvestInProgress,
     IsStale,
@@ -330,10 +330,10 @@ class MemoryStore:
 
     def schema_invalid(self, harvester_id: str, sample: int = 10) -> SchemaInvalid:
         invalid = [r for r in self._live(harvester_id)
-                   if any(e.get("type") == SCHEMA_ERROR for e in r["errors"] or ())]
+                   if any(e.get("type") in VALIDATION_ERRORS for e in r["errors"] or ())]
         first = []
         for row in invalid[:sample]:
-            error = next(e for e in row["errors"] if e.get("type") == SCHEMA_ERROR)
+            error = next(e for e in row["errors"] if e.get("type") in VALIDATION_ERRORS)
             violations = error.get("violations") or []
             first.append((row["oai_identifier"], violations[0]["message"] if violations
                           else error.get("message", "")))

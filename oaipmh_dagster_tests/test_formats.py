@@ -57,7 +57,10 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> MetadataFormat:
 def test_rows_are_consistent() -> None:
     names = [n for f in FORMATS for n in f.names]
     prefixes = [p for f in FORMATS for p in f.prefixes]
+    roots = [r for f in FORMATS for r in f.roots]
     assert len(names) == len(set(names)) and len(prefixes) == len(set(prefixes))
+    assert len(roots) == len(set(roots)) and all(r.startswith("{") for r in roots)
+    assert all(f.roots for f in FORMATS if f.prefixes)  # a crosswalk can yield each one
     for row in FORMATS:
         assert set(row.schema_skips) <= set(row.prefixes), row.name
         assert all(p == p.lower() for p in row.prefixes), row.name
@@ -128,7 +131,7 @@ def test_a_new_row_drives_schemas_and_unwrapping(fake: MetadataFormat) -> None:
     assert formats.schema_for_prefix("oai_fake") == "fake"
     assert formats.schema_for_prefix("fake0") is None
     assert registry.validate_schema("fake") == "fake"
-    with pytest.raises(registry.InvalidHarvester, match="marc21, fake or the absolute"):
+    with pytest.raises(registry.InvalidHarvester, match="marc21, fake, the absolute"):
         registry.validate_schema("nope")
     assert validation.schema_path("fake") == Path(fake.schema or "")
     validator = validation.Validator("fake")
@@ -162,7 +165,7 @@ def test_a_new_row_shows_in_the_help(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     shown = json.loads(done.stdout.splitlines()[-1])
     assert "marc21, marcxml; fake, oai_fake)" in shown["cli"]
-    assert "(oai_dc, datacite, marc21, fake) or the path" in shown["cli"]
+    assert "(oai_dc, datacite, marc21, fake), the path" in shown["cli"]
     assert "oai_dc, datacite, marc21 or fake for that shipped schema" in shown["manage"]
 
 

@@ -230,8 +230,9 @@ def tuning_options(cls: type = Harvester) -> Callable[[Any], Any]:
 _VALIDATE_HELP = ("Validate each record against an XML Schema; invalid records are kept, "
                   "with an error of type schema. Alone: the schema shipped for the prefix "
                   f"({schema_prefixes_help()}); with a value: a shipped schema's name "
-                  f"({shipped_schemas_help()}) or the path of a schema file (its imports "
-                  "and includes must be local files).")
+                  f"({shipped_schemas_help()}), the path of a schema file (its imports "
+                  "and includes must be local files) or schematron:PATH, an ISO Schematron "
+                  "file whose failed assertions become errors of type schematron.")
 
 
 def _validate_option(f):  # noqa: ANN001, ANN202 - click decorator plumbing
@@ -711,14 +712,11 @@ def _print_raw(items: Any, alone: bool) -> None:
 def _print_records(items: Any) -> None:
     from tabulate import tabulate
 
+    from oaipmh_dagster.operations.flat import display_title
+
     rows = []
     for item in items:
-        meta = item["metadata"] or {}
-        title = meta.get("title") or meta.get("titles") or ""
-        if isinstance(title, list):
-            title = title[0] if title else ""
-        if isinstance(title, dict):
-            title = title.get("title", "")
+        title = display_title(item["metadata"])
         rows.append([item["oai_identifier"], datestamp(item["datestamp"]),
                      "deleted" if item["deleted"] else "live", ",".join(item["sets"]),
                      str(title)[:60],

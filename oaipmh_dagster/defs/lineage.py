@@ -28,8 +28,9 @@ IDENTIFY_DIGEST_KEY = "oai/identify_digest"
 
 def records_code_version(transformer: str) -> str:
     """The code version of a harvester's `records`: the transformer and the package
-    version, plus a digest of what stands behind a non-built-in name (the stylesheet's
-    bytes, a plugin's distribution version and source). It changes exactly when what
+    version, plus a digest of what stands behind the name (a built-in's source and the
+    package modules it imports, the stylesheet's bytes, a plugin's distribution version
+    and source). It changes exactly when what
     transforms the stored XML changes, so Dagster shows `records` as stale then."""
     name = transformer.strip()
     behind = transformer_version(name)

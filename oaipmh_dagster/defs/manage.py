@@ -89,8 +89,9 @@ class _Options(options_model()):  # type: ignore[misc]
     validate_schema: str | None = Field(
         default=None, description="Validate each record against an XML Schema (invalid "
         "records are kept, with a schema error): 'shipped' for the schema shipped for the "
-        f"prefix, {shipped_schemas_help('or')} for that shipped schema, else the path of a "
-        "schema file.")
+        f"prefix, {shipped_schemas_help('or')} for that shipped schema, schematron:PATH for "
+        "an ISO Schematron file (failed assertions become schematron errors), else the "
+        "path of a schema file.")
     no_check: bool = Field(default=False, description="Do not probe the endpoint "
                            "(Identify, the prefix and the sets it offers).")
 

@@ -1,5 +1,6 @@
 """The asset check `schema_valid` on `raw_records` of a harvester that validates its
-records against an XML Schema: how many live records in the store are invalid."""
+records against an XML Schema or an ISO Schematron: how many live records in the store
+are invalid (errors of type schema or schematron)."""
 
 import dagster as dg
 
@@ -19,7 +20,7 @@ def schema_check_spec(h: Harvester, raw_key: dg.AssetKey) -> dg.AssetCheckSpec |
     return dg.AssetCheckSpec(
         CHECK_SCHEMA_VALID, asset=raw_key,
         description=f"Every live record is valid against the schema {h.schema} (warning; "
-        "invalid records are kept, with an error of type schema).")
+        "invalid records are kept, with an error of type schema or schematron).")
 
 
 def schema_check_result(store: RecordStore, h: Harvester,

@@ -135,8 +135,11 @@ BY_PREFIX = ("", "shipped")
 
 def resolve_schema(validate: str, prefix: str) -> str:
     """The schema field for a `--validate` value: "" (or "shipped"): the schema shipped
-    for `prefix`; a shipped schema's name; else a schema file's path, made absolute.
-    The schema must exist and compile."""
+    for `prefix`; a shipped schema's name; ``schematron:PATH``: an ISO Schematron file,
+    its path made absolute; else a schema file's path, made absolute. The schema must
+    exist and compile."""
+    from oaipmh_dagster.transform.schematron import PREFIX as SCHEMATRON
+    from oaipmh_dagster.transform.schematron import is_schematron, schematron_path
     from oaipmh_dagster.transform.validation import SchemaError, check_schema
 
     if validate.strip() in BY_PREFIX:
@@ -148,6 +151,12 @@ def resolve_schema(validate: str, prefix: str) -> str:
                 usage=True)
     elif validate in shipped_schemas():
         schema = validate
+    elif is_schematron(validate):
+        path = schematron_path(validate)
+        if not str(path) or not path.is_file():
+            raise AdminError(f"schematron file {validate[len(SCHEMATRON):]} does not exist",
+                             usage=True)
+        schema = SCHEMATRON + str(path.resolve())
     else:
         from pathlib import Path
 

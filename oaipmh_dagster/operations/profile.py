@@ -2,7 +2,8 @@
 `metadata`, the share of live records in which it is present and non-empty, and the
 number of distinct values of short fields.
 
-- A field is a key of the metadata dict; a nested dict contributes its keys as dotted
+- A field is a key of the metadata dict (rows the generic `xml` mapping stored in its
+  old lossless shape are read as element paths, `transform.xml.readable`); a nested dict contributes its keys as dotted
   paths (`types.resource_type_general`), not a field of its own. Every key seen is
   reported, a key that is always empty with coverage 0.
 - Present and non-empty: not null, not a blank string, not an empty list (a list counts
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oaipmh_dagster.storage.ports import RecordStore
+from oaipmh_dagster.transform.xml import readable
 
 __all__ = ["ASSET_MAX_RECORDS", "DISTINCT_CAP", "MAX_FIELDS", "MAX_RECORDS", "SHORT_MAX", "FieldProfile",
            "Profile", "bar", "coverage_markdown", "profile_records", "profile_store"]
@@ -149,8 +151,10 @@ class Profile:
                 "fields_dropped": self.fields_dropped}
 
     def add(self, metadata: Any) -> None:
-        """Count one live record's metadata (None or a non-dict: no field present)."""
+        """Count one live record's metadata (None or a non-dict: no field present; a
+        row of the generic mapping's old lossless shape counts as its element paths)."""
         self.records += 1
+        metadata = readable(metadata)
         if isinstance(metadata, dict):
             self._add_dict(metadata, "")
 

@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from oaipmh_dagster.contracts import SCHEMA_ERROR, SCHEMATRON_ERROR
 from oaipmh_dagster.errors import OAIPMHDagsterError
 
 __all__ = [
     "DATESTAMP_MAX", "DATESTAMP_PLACEHOLDER", "IDENTIFIER_MAX", "SCHEMA_ERROR",
+    "SCHEMATRON_ERROR", "VALIDATION_ERRORS",
     "WRITE_COLUMNS", "HarvestInProgress", "HarvestState", "IsStale", "LeaseLost",
     "LeaseWaitCancelled", "MetadataUpdate", "PageWrite", "RecordStore", "SchemaInvalid",
     "Selection", "StoreError", "failures", "utc_datestamp",
@@ -37,7 +39,9 @@ DATESTAMP_MAX = 32  # characters of datestamp
 # Stored for a datestamp that cannot be read: it sorts before every real datestamp.
 DATESTAMP_PLACEHOLDER = "0000-01-01T00:00:00Z"
 WRITE_COLUMNS = ("sets", "metadata", "errors")  # JSON columns an upsert gets as JSON text
-SCHEMA_ERROR = "schema"  # the error type of a schema violation (the record is kept)
+# The error types of a schema violation and of a failed Schematron assertion (the record
+# is kept: no failure).
+VALIDATION_ERRORS = (SCHEMA_ERROR, SCHEMATRON_ERROR)
 
 # run id of a lease holder -> whether the orchestrator saw that run end
 IsStale = Callable[[str | None], bool]
@@ -65,9 +69,9 @@ def utc_datestamp(dt: datetime) -> str:
 
 
 def failures(errors: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """The errors that mean a record failed: all but schema violations."""
+    """The errors that mean a record failed: all but schema and Schematron violations."""
     return [e for e in errors or () if not (isinstance(e, dict)
-                                             and e.get("type") == SCHEMA_ERROR)]
+                                             and e.get("type") in VALIDATION_ERRORS)]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from oaipmh_dagster.contracts import SCHEMATRON_PREFIX as SCHEMATRON
 from oaipmh_dagster.contracts import job_name
 from oaipmh_dagster.errors import OAIPMHDagsterError
 from oaipmh_dagster.fields import Bounds, declared, tuning
@@ -369,14 +370,18 @@ def validate_timezone(value: str) -> str:
 
 
 def validate_schema(value: str | None) -> str | None:
-    """Check a schema field: None, a shipped schema's name or an absolute path (whether
-    the file exists and compiles is checked when it is set: see `admin`)."""
+    """Check a schema field: None, a shipped schema's name, an absolute path or
+    ``schematron:`` and an absolute path (whether the file exists and compiles is checked
+    when it is set: see `admin`)."""
     if value is None or value in shipped_schemas():
         return value
-    if not isinstance(value, str) or not value.startswith("/") or len(value) > MAX_URL:
+    path = value[len(SCHEMATRON):] if isinstance(value, str) and value.startswith(
+        SCHEMATRON) else value
+    if not isinstance(path, str) or not path.startswith("/") or len(value) > MAX_URL:
         raise InvalidHarvester(
-            f"invalid schema {value!r}: one of {shipped_schemas_help()} or the absolute path of "
-            f"a schema file (at most {MAX_URL} characters)")
+            f"invalid schema {value!r}: one of {shipped_schemas_help()}, the absolute path of "
+            f"a schema file or schematron: and the absolute path of a Schematron file (at "
+            f"most {MAX_URL} characters)")
     return value
 
 

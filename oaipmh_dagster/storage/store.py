@@ -32,6 +32,7 @@ from oaipmh_dagster.storage.ports import (
     DATESTAMP_PLACEHOLDER,
     IDENTIFIER_MAX,
     SCHEMA_ERROR,
+    VALIDATION_ERRORS,
     WRITE_COLUMNS,
     HarvestInProgress,
     IsStale,
@@ -369,17 +370,18 @@ class Store:
             return out
 
     def schema_invalid(self, harvester_id: str, sample: int = 10) -> SchemaInvalid:
-        """How many live records carry a schema error, and the first `sample` of them
-        (identifier, first message) in identifier order."""
+        """How many live records carry a schema or Schematron error, and the first
+        `sample` of them (identifier, first message) in identifier order."""
         c = record_table.c
         if self.engine.dialect.name == "postgresql":
-            has_schema = sa.type_coerce(c.errors, postgresql.JSONB()).contains(
-                [{"type": SCHEMA_ERROR}])
+            errors = sa.type_coerce(c.errors, postgresql.JSONB())
+            has_schema = sa.or_(*(errors.contains([{"type": kind}])
+                                  for kind in VALIDATION_ERRORS))
         else:  # SQLite: the JSON1 functions
             element = sa.func.json_each(c.errors).table_valued("value").alias("e")
             has_schema = sa.exists(
                 sa.select(1).select_from(element)
-                .where(sa.func.json_extract(element.c.value, "$.type") == SCHEMA_ERROR))
+                .where(sa.func.json_extract(element.c.value, "$.type").in_(VALIDATION_ERRORS)))
         where = (c.harvester_id == harvester_id, c.deleted.is_(False), _HAS_ERRORS, has_schema)
         with self.engine.connect() as conn:
             total = int(conn.execute(
@@ -389,7 +391,7 @@ class Store:
                                 .order_by(c.oai_identifier).limit(sample)).all()
         first = []
         for identifier, errors in rows:
-            error = next(e for e in errors if e.get("type") == SCHEMA_ERROR)
+            error = next(e for e in errors if e.get("type") in VALIDATION_ERRORS)
             violations = error.get("violations") or []
             first.append((identifier, violations[0]["message"] if violations
                           else error.get("message", "")))

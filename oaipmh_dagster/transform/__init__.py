@@ -28,9 +28,9 @@ from lxml import etree
 from oaipmh_dagster import formats
 from oaipmh_dagster.oai import hardened_parser
 
-from . import xslt
+from . import _builtins, xslt
 from ._util import TransformError, element_path
-from .versions import module_identity
+from .versions import module_identity, package_identity
 
 __all__ = [
     "Transformer",
@@ -55,7 +55,7 @@ Transformer = Callable[[etree._Element], dict[str, Any]]
 _registry: dict[str, Transformer] = {}
 _plugins: dict[str, Transformer] = {}
 # The built-ins loaded so far: trusted to return JSON-ready dicts.
-_BUILTIN_FUNCS: set[Transformer] = set()
+_BUILTIN_FUNCS = _builtins.BUILTIN_FUNCS
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _DOTTED = re.compile(rf"^{_IDENT}(?:\.{_IDENT})*:{_IDENT}(?:\.{_IDENT})*$")
@@ -74,13 +74,7 @@ def available_transformers() -> list[str]:
     return sorted(set(formats.transformer_refs()) | set(_registry) | set(_entry_points()))
 
 
-@functools.cache
-def _load_builtin(ref: str) -> Transformer:
-    """The function a format row names (``module:function``), imported on first use."""
-    module_name, _, attr = ref.partition(":")
-    fn: Transformer = getattr(importlib.import_module(module_name), attr)
-    _BUILTIN_FUNCS.add(fn)
-    return fn
+_load_builtin = _builtins.load
 
 
 for _ref in dict.fromkeys(formats.transformer_refs().values()):
@@ -247,17 +241,26 @@ def transformer_identity(name: str) -> str:
     return xslt.identity(name) if xslt.is_xslt(name) else name
 
 
+def _builtin_version(ref: str) -> str:
+    """A digest of a built-in's module and the package modules it uses."""
+    return package_identity(ref.partition(":")[0], __name__)
+
+
 def transformer_version(name: str) -> str:
     """What the code behind a transformer name is, for the records asset's code version:
-    a built-in's name, `transformer_identity` for ``xslt:`` (the stylesheet's digest),
-    and for a plugin its name, the version of the distribution that installs its module
-    and a digest of the module's source. Never raises and imports no plugin: a name that
-    resolves to nothing is marked ``unavailable``."""
+    a built-in's name and a digest of its module's source (with the package modules it
+    uses), `transformer_identity` for ``xslt:`` (the stylesheet's digest) with a digest
+    of every built-in (a result is read by the one of its format), and for a plugin its
+    name, the version of the distribution that installs its module and a digest of the
+    module's source. Never raises and imports no plugin: a name that resolves to nothing
+    is marked ``unavailable``."""
     key = name.strip()
-    if formats.transformer_ref(key) is not None:
-        return key
+    ref = formats.transformer_ref(key)
+    if ref is not None:
+        return f"{key};{_builtin_version(ref)}"
     if xslt.is_xslt(key):
-        return xslt.identity(key)
+        builtins = sorted({_builtin_version(r) for r in formats.transformer_refs().values()})
+        return f"{xslt.identity(key)};{','.join(builtins)}"
     fn = _registry.get(key)
     if fn is not None:  # registered in this process
         module = getattr(fn, "__module__", None) or ""

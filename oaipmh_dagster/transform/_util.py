@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import cast
 
@@ -105,3 +106,23 @@ def element_path(el: _Element) -> str:
         steps.append(step)
         node = node.getparent()
     return "/" + "/".join(reversed(steps))
+
+
+
+_SCHEMES = (
+    ("doi", re.compile(r"^(?:doi:\s*|https?://(?:dx\.)?doi\.org/)?10\.\d{4,9}/\S+$", re.I)),
+    ("handle", re.compile(r"^(?:hdl:|https?://hdl\.handle\.net/)\d[\w.]*/\S+$", re.I)),
+    ("urn", re.compile(r"^urn:[a-z0-9][a-z0-9-]{0,31}:\S+$", re.I)),
+    ("issn", re.compile(r"^(?:issn:?\s*)?\d{4}-\d{3}[\dX]$", re.I)),
+    ("isbn", re.compile(r"^(?:isbn(?:-1[03])?:?\s*)?(?:\d[- ]?){9}[\dX]$"
+                        r"|^(?:isbn(?:-1[03])?:?\s*)?97[89](?:[- ]?\d){10}$", re.I)),
+    ("url", re.compile(r"^https?://\S+$", re.I)),
+)
+
+
+def identifier_scheme(value: str) -> str | None:
+    """The scheme an identifier's text shows (``doi``, ``handle``, ``urn``, ``issn``,
+    ``isbn``, ``url``), None when it shows none: for identifiers their record does not
+    type."""
+    value = value.strip()
+    return next((name for name, pattern in _SCHEMES if pattern.match(value)), None)

@@ -1,11 +1,13 @@
-"""XML Schema validation of harvested metadata.
+"""XML Schema and ISO Schematron validation of harvested metadata.
 
 The package ships the schemas its format table names (`formats.FORMATS`, files in
 `oaipmh_dagster/transform/schemas/`); a harvester may name one of them or a schema file of its
 own. Schemas are loaded from local files only: every xs:import and xs:include must
 name a local file, and the parser never touches the network. A `Validator` checks one
 record's own element (the `<resource>` inside an oai_datacite wrapper: `formats.unwrap`)
-and returns its violations in the store's error form, type `schema`."""
+and returns its violations in the store's error form, type `schema`. A schema field
+``schematron:PATH`` names an ISO Schematron file instead (:mod:`.schematron`): each
+failed assertion becomes an error of type `schematron`."""
 
 from __future__ import annotations
 
@@ -21,6 +23,15 @@ from lxml import etree
 
 from oaipmh_dagster.errors import OAIPMHDagsterError
 from oaipmh_dagster.formats import schema_for_prefix, shipped_schemas, unwrap
+
+from .schematron import (
+    SCHEMATRON_ERROR,
+    LoadedSchematron,
+    SchematronError,
+    failed_assertions,
+    is_schematron,
+    load_schematron,
+)
 
 __all__ = ["MAX_VIOLATIONS", "SCHEMA_DIR", "SHIPPED", "SchemaError",
            "Validator", "check_schema", "load_schema", "schema_for_prefix", "schema_path"]
@@ -102,13 +113,25 @@ def load_schema(schema: str) -> LoadedSchema:
                         digest.hexdigest()[:16])
 
 
+def _load_schematron(schema: str) -> LoadedSchematron:
+    try:
+        return load_schematron(schema)
+    except SchematronError as exc:
+        raise SchemaError(str(exc)) from None
+
+
 def check_schema(schema: str) -> None:
-    """Raise `SchemaError` unless the schema exists and compiles."""
-    load_schema(schema)
+    """Raise `SchemaError` unless the schema (or ``schematron:PATH``) exists and
+    compiles."""
+    if is_schematron(schema):
+        _load_schematron(schema)
+    else:
+        load_schema(schema)
 
 
-def _error(message: str, violations: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    error: dict[str, Any] = {"type": "schema", "message": message, "location": "metadata"}
+def _error(message: str, violations: list[dict[str, Any]] | None = None,
+           kind: str = "schema") -> dict[str, Any]:
+    error: dict[str, Any] = {"type": kind, "message": message, "location": "metadata"}
     if violations:
         error["violations"] = violations
     return error
@@ -116,17 +139,22 @@ def _error(message: str, violations: list[dict[str, Any]] | None = None) -> dict
 
 @dataclass
 class Validator:
-    """Validates records against one schema (compiled once per thread: lxml's schema
-    objects keep their error log on the object). `token` names the schema and its
-    content: it is part of what produced a stored row."""
+    """Validates records against one schema or Schematron (compiled once per thread:
+    lxml's schema objects keep their error log, a Schematron its report, on the
+    object). `token` names the schema and its content: it is part of what produced a
+    stored row."""
 
     schema: str
-    _loaded: LoadedSchema = field(init=False, repr=False)
+    _loaded: LoadedSchema | LoadedSchematron = field(init=False, repr=False)
     _local: threading.local = field(init=False, repr=False, default_factory=threading.local)
 
     def __post_init__(self) -> None:
-        self._loaded = load_schema(self.schema)
-        self._local.schema = self._loaded.schema
+        if is_schematron(self.schema):
+            self._loaded = _load_schematron(self.schema)
+            self._local.schematron = self._loaded.schematron
+        else:
+            self._loaded = load_schema(self.schema)
+            self._local.schema = self._loaded.schema
 
     @property
     def token(self) -> str:
@@ -134,7 +162,13 @@ class Validator:
 
     @property
     def namespace(self) -> str | None:
-        return self._loaded.namespace
+        return self._loaded.namespace if isinstance(self._loaded, LoadedSchema) else None
+
+    def _schematron(self) -> Any:
+        compiled = getattr(self._local, "schematron", None)
+        if compiled is None:
+            compiled = self._local.schematron = _load_schematron(self.schema).schematron
+        return compiled
 
     def _compiled(self) -> etree.XMLSchema:
         compiled: etree.XMLSchema | None = getattr(self._local, "schema", None)
@@ -151,8 +185,11 @@ class Validator:
             try:
                 element = etree.fromstring(raw.encode("utf-8"), _parser())
             except etree.XMLSyntaxError as exc:
-                return [_error(f"not well-formed XML: {exc}")]
+                kind = SCHEMATRON_ERROR if is_schematron(self.schema) else "schema"
+                return [_error(f"not well-formed XML: {exc}", kind=kind)]
         element = unwrap(element)
+        if is_schematron(self.schema):
+            return failed_assertions(self._schematron(), element)
         namespace = etree.QName(element).namespace
         if namespace != self.namespace:
             return [_error(

@@ -1,9 +1,12 @@
-"""What a plugin transformer's code is, for the records asset's code version: the
+"""What a transformer's code is, for the records asset's code version: for a plugin the
 version of the distribution that installs its module and a digest of the module's
-source file (an edited local plugin changes it). Nothing here imports the plugin."""
+source file (an edited local plugin changes it; nothing here imports the plugin); for a
+built-in a digest of its module's source and of the package modules it uses
+(:func:`package_identity`), so an edited built-in changes it."""
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import importlib.machinery
@@ -11,7 +14,7 @@ import importlib.metadata
 import importlib.util
 import os
 
-__all__ = ["distribution_version", "module_identity", "source_digest"]
+__all__ = ["distribution_version", "module_identity", "package_identity", "source_digest"]
 
 
 @functools.cache
@@ -67,3 +70,64 @@ def module_identity(module_name: str) -> str:
     origin = _origin(module_name)
     digest = source_digest(origin) if origin else "no-source"
     return f"{distribution_version(module_name) or 'no-distribution'};{digest}"
+
+
+def _imports(name: str, path: str) -> frozenset[str]:
+    """The modules a source file imports (relative imports resolved against `name`),
+    read again when the file's size or mtime changes."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return frozenset()
+    return _parsed_imports(name, path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_imports(name: str, path: str, size: int, mtime_ns: int) -> frozenset[str]:
+    try:
+        with open(path, "rb") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError):
+        return frozenset()
+    package = name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                anchor = ".".join(parts[:len(parts) - node.level + 1])
+                base = f"{anchor}.{base}" if base else anchor
+            out.add(base)
+            out.update(f"{base}.{alias.name}" for alias in node.names)
+    return frozenset(out)
+
+
+def _used_modules(module_name: str, package: str) -> list[tuple[str, str]]:
+    """(name, source file) of `module_name` and of the modules of `package` it imports,
+    transitively, sorted by name."""
+    seen: dict[str, str] = {}
+    todo = [module_name]
+    while todo:
+        name = todo.pop()
+        if name in seen or name == package:
+            continue
+        origin = _origin(name)
+        if origin is None:
+            continue
+        seen[name] = origin
+        todo += [m for m in _imports(name, origin)
+                 if m.startswith(package + ".") and m not in seen]
+    return sorted(seen.items())
+
+
+def package_identity(module_name: str, package: str) -> str:
+    """A digest of the sources of a module of `package` and of the modules of `package`
+    it imports, transitively (the built-in transformers: an edit of one, or of a helper
+    it imports, changes it)."""
+    digest = hashlib.sha256()
+    for name, origin in _used_modules(module_name, package):
+        digest.update(f"{name}={source_digest(origin)};".encode())
+    return digest.hexdigest()[:16]

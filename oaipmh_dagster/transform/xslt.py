@@ -1,8 +1,12 @@
 """``xslt:PATH[?name=value&...]``: an XSLT 1.0 crosswalk applied to each record.
 
 The stylesheet is applied to the record's metadata element (the child of
-``<metadata>``, seen by the stylesheet as the document's root element); the root
-element of its result is stored through the lossless :mod:`xml <.xml>` mapping.
+``<metadata>``, seen by the stylesheet as the document's root element). The root
+element of its result is read by the transformer of its format when the format table
+knows that root (``oai_dc:dc``, a DataCite ``resource``, ``mods``, ...:
+:func:`oaipmh_dagster.formats.format_of_root`), so a crosswalk to oai_dc stores what
+harvested oai_dc would; any other root is stored as element paths (the generic
+:mod:`xml <.xml>` mapping).
 
 Parameters follow the path in URL-query style, ``?name=value&other=value``: ``%XX``
 escapes are decoded (``+`` stays a plus), names match ``[A-Za-z_][A-Za-z0-9_.-]*``,
@@ -48,7 +52,9 @@ from urllib.request import url2pathname
 
 from lxml import etree
 
-from . import _sandbox, xml
+from oaipmh_dagster import formats
+
+from . import _builtins, _sandbox, xml
 from ._sandbox import Limits
 from ._util import TransformError
 from ._xslt_worker import ACCESS as _ACCESS  # noqa: F401 - the access control, for tests
@@ -315,14 +321,24 @@ class XsltTransformer:
                 for out in _sandbox.run(job, records)]
 
     def _result(self, result: bytes) -> dict[str, Any] | TransformError:
-        """A result from the worker as the stored dict (or the error it raises)."""
+        """A result from the worker as the stored dict (or the error it raises): read
+        by the transformer of its root's format, else as element paths."""
         try:
-            return xml.transform(etree.fromstring(result, _RESULT_PARSER))
+            root = etree.fromstring(result, _RESULT_PARSER)
+            row = formats.format_of_root(root.tag)
+            typed = _builtins.load(row.transformer) if row is not None else xml.transform
+            return typed(root)
+        except TransformError as exc:
+            exc.location = f"{self.name}: {exc.location}" if exc.location else self.name
+            return exc
         except RecursionError:
             return TransformError("transform_failed", "RecursionError: too deeply nested",
                                   self.name)
         except etree.XMLSyntaxError as exc:
             return TransformError("transform_failed", f"the XSLT result cannot be read: {exc}",
+                                  self.name)
+        except Exception as exc:  # noqa: BLE001 - a transformer's failure on one result
+            return TransformError("transform_failed", f"{type(exc).__name__}: {exc}",
                                   self.name)
 
     def __call__(self, element: etree._Element) -> dict[str, Any]:

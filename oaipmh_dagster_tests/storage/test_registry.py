@@ -57,7 +57,8 @@ def test_defaults_fill_name_and_transformer() -> None:
 
 @pytest.mark.parametrize(("prefix", "expected"), [
     ("oai_dc", "oai_dc"), ("datacite", "datacite"), ("datacite4", "datacite"),
-    ("marc21", "marc21"), ("MARCXML", "marc21"), ("mods", "xml"), ("rdf", "xml"),
+    ("marc21", "marc21"), ("MARCXML", "marc21"), ("mods", "mods"), ("oai_qdc", "qdc"),
+    ("oai_openaire", "oai_openaire"), ("rdf", "xml"),
 ])
 def test_default_transformer(prefix: str, expected: str) -> None:
     assert default_transformer(prefix) == expected

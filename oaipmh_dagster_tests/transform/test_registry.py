@@ -74,7 +74,8 @@ def _plugins_listed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_available_transformers() -> None:
-    assert available_transformers() == ["datacite", "marc21", "marcxml", "oai_dc", "xml"]
+    assert available_transformers() == ["datacite", "marc21", "marcxml", "mods", "oai_dc",
+                                        "oai_openaire", "qdc", "xml"]
 
 
 @pytest.mark.parametrize(
@@ -88,8 +89,12 @@ def test_available_transformers() -> None:
         ("marc21", "marc21"),
         ("marcxml", "marc21"),
         ("MARC21", "marc21"),
-        ("mods", "xml"),
-        ("oai_openaire", "xml"),
+        ("mods", "mods"),
+        ("MODS", "mods"),
+        ("qdc", "qdc"),
+        ("oai_qdc", "qdc"),
+        ("oai_openaire", "oai_openaire"),
+        ("oai_ead", "xml"),
         ("", "xml"),
     ],
 )

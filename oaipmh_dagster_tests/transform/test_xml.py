@@ -1,4 +1,5 @@
-"""The generic ``xml`` transformer: lossless, so ``dict_to_xml`` rebuilds equivalent XML."""
+"""The lossless mapping earlier versions of the generic ``xml`` transformer stored (rows
+of that shape are read as element paths): ``dict_to_xml`` rebuilds equivalent XML."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lxml import etree
 
-from oaipmh_dagster.transform import transform_record
-from oaipmh_dagster.transform.xml import dict_to_xml
+from oaipmh_dagster.transform import parse_metadata, transform_record
+from oaipmh_dagster.transform.xml import dict_to_xml, lossless, readable
+
+
+def transform_lossless(xml: bytes) -> dict[str, Any]:
+    return lossless(parse_metadata(xml))
 
 
 def _is_blank(value: str | None) -> bool:
@@ -44,13 +49,13 @@ def canonical(el: etree._Element) -> Any:
 
 
 def assert_round_trip(xml: bytes, *, fixed_point: bool = True) -> dict[str, Any]:
-    mapped = transform_record("xml", xml)
+    mapped = transform_lossless(xml)
     assert json.loads(json.dumps(mapped)) == mapped, "output is JSON-ready"
     rebuilt = dict_to_xml(mapped)
     original = etree.fromstring(xml, etree.XMLParser(resolve_entities=False))
     assert canonical(rebuilt) == canonical(original)
     if fixed_point:  # mapping the rebuilt tree gives the same dict
-        assert transform_record("xml", etree.tostring(rebuilt, encoding="UTF-8")) == mapped
+        assert transform_lossless(etree.tostring(rebuilt, encoding="UTF-8")) == mapped
     return mapped
 
 
@@ -117,6 +122,18 @@ def test_generated_trees_round_trip(spec: Spec) -> None:
     assert_round_trip(etree.tostring(root, encoding="UTF-8"))
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(roots)
+def test_old_rows_read_as_the_element_paths_of_the_same_record(spec: Spec) -> None:
+    raw = etree.tostring(_build(spec), encoding="UTF-8")
+    paths = transform_record("xml", raw)
+    assert readable(transform_lossless(raw)) == paths
+    root = etree.QName(parse_metadata(raw)).localname
+    assert all(key == root or key.startswith(f"{root}/") for key in paths)
+    assert all(isinstance(v, list) and all(isinstance(t, str) and t == t.strip() and t
+                                           for t in v) for v in paths.values())
+
+
 # --- hand-picked cases ---------------------------------------------------------------
 
 
@@ -160,7 +177,7 @@ def test_whitespace_in_mixed_content_is_kept() -> None:
         {"tag": "c", "text": "y"},
         " tail",
     ]
-    assert transform_record("xml", b"<a>  </a>") == {"tag": "a", "text": "  ", "nsmap": {}}
+    assert transform_lossless(b"<a>  </a>") == {"tag": "a", "text": "  ", "nsmap": {}}
 
 
 def test_unresolved_entities_stay_references() -> None:
@@ -193,7 +210,7 @@ def test_real_records_round_trip(
 
 
 def test_real_datacite_record_shape(zenodo: dict[str, dict[str, bytes]]) -> None:
-    mapped = transform_record("xml", zenodo["datacite"]["oai:zenodo.org:10357859"])
+    mapped = transform_lossless(zenodo["datacite"]["oai:zenodo.org:10357859"])
     k4 = "{http://datacite.org/schema/kernel-4}"
     assert mapped["tag"] == f"{k4}resource"
     assert mapped["nsmap"] == {
