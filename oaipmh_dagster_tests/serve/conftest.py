@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -102,8 +102,11 @@ def identifiers(pages: list[etree._Element]) -> list[str]:
     return [el.text or "" for p in pages for el in p.iterfind(f".//{OAI}header/{OAI}identifier")]
 
 
-def make_hub(engine: Engine, schema: etree.XMLSchema, **settings: Any) -> Hub:
-    app = create_app(engine, Settings(**{"page_size": 4, **settings}), cache_seconds=0)
+def make_hub(engine: Engine, schema: etree.XMLSchema, *,
+             clock: Callable[[], datetime] | None = None, **settings: Any) -> Hub:
+    """The hub's app (4 per page) on `engine`; `clock` gives the response times."""
+    app = create_app(engine, Settings(**{"page_size": 4, **settings}), cache_seconds=0,
+                     clock=clock)
     return Hub(engine, TestClient(app), schema)
 
 
