@@ -18,6 +18,8 @@ _OPEN = ('<?xml version="1.0" encoding="UTF-8"?>\n'
 # Characters XML 1.0 forbids (an argument is echoed; a stored value is already XML).
 _NOT_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 _DECLARATION = re.compile(r"^\s*<\?xml[^>]*\?>\s*")
+# A root start tag without a prefix and without its own default namespace declaration.
+_UNQUALIFIED_ROOT = re.compile(r"^<([A-Za-z_][\w.\-]*)(?=[\s/>])(?![^>]*\sxmlns\s*=)")
 
 
 def clean(text: str) -> str:
@@ -67,6 +69,8 @@ def metadata(raw_xml: str | None) -> str:
         return ""
     if raw_xml.startswith("<?") or raw_xml[:1].isspace():
         raw_xml = _DECLARATION.sub("", raw_xml, count=1)
+    # Unqualified names stay in no namespace, not in the envelope's default one.
+    raw_xml = _UNQUALIFIED_ROOT.sub(r'<\1 xmlns=""', raw_xml, count=1)
     return f"<metadata>{raw_xml}</metadata>"
 
 

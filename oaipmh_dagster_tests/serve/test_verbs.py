@@ -239,3 +239,20 @@ def test_a_database_failure_is_a_503_without_a_traceback(hub: Hub,
 
 def test_other_paths_are_not_found(hub: Hub) -> None:
     assert hub.client.get("/").status_code == 404
+
+
+def test_metadata_without_a_namespace_stays_outside_the_oai_namespace(hub: Hub) -> None:
+    """A record whose root has no namespace must not fall into the envelope's default
+    namespace when embedded."""
+    from oaipmh_dagster.oai.models import Header, Record
+    from oaipmh_dagster_tests.serve.conftest import BASE, set_times, write
+
+    write(hub.engine, "h1", [Record(Header("plain", "2001-01-01"),
+                                    b"<record><title>plain</title></record>")])
+    set_times(hub.engine, "h1", {"plain": BASE})
+    response = hub.client.get("/oai", params={"verb": "GetRecord", "metadataPrefix": "oai_dc",
+                                              "identifier": "oai:hub:h1:plain"})
+    root = etree.fromstring(response.content)
+    meta = root.find(f".//{OAI}metadata")
+    assert meta is not None
+    assert [el.tag for el in meta.iter()][1:] == ["record", "title"]
