@@ -146,7 +146,8 @@ def _serve(url: str, port: int) -> subprocess.Popen:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"serve ended: {proc.stderr.read().decode()[-500:]}")  # type: ignore[union-attr]
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise RuntimeError(f"serve ended: {err[-500:]}")
         try:
             httpx.get(f"http://127.0.0.1:{port}/oai?verb=Identify", timeout=5)
             return proc

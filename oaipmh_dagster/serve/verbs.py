@@ -80,7 +80,10 @@ class Provider:
             verb, args = parse(pairs)
         except ProtocolError as exc:
             return x.open_response(now, base_url, None) + x.error(exc.code, exc.message) + x.CLOSE
-        handler = getattr(self, f"_{verb}")
+        handler = {"Identify": self._identify, "ListMetadataFormats": self._list_metadata_formats,
+                   "ListSets": self._list_sets, "GetRecord": self._get_record,
+                   "ListIdentifiers": self._list_identifiers,
+                   "ListRecords": self._list_records}[verb]
         try:
             body = handler(args, now, base_url)
         except ProtocolError as exc:
@@ -91,13 +94,15 @@ class Provider:
     # -- what the hub holds ---------------------------------------------------------------
 
     def sources(self) -> list[q.Source]:
-        return self._cache.get("sources", lambda: q.sources(self.engine))  # type: ignore[return-value]
+        found = self._cache.get("sources", lambda: q.sources(self.engine))
+        return found  # type: ignore[return-value]
 
     def _format(self, prefix: str, harvester_ids: Sequence[str]) -> FormatInfo | None:
         def compute() -> FormatInfo | None:
             return describe(prefix, q.sample_xml(self.engine, harvester_ids))
 
-        return self._cache.get(("format", prefix, tuple(harvester_ids)), compute)  # type: ignore[return-value]
+        found = self._cache.get(("format", prefix, tuple(harvester_ids)), compute)
+        return found  # type: ignore[return-value]
 
     def identifier(self, harvester_id: str, source_identifier: str) -> str:
         return f"{self._id_prefix}{harvester_id}:{source_identifier}"
@@ -128,7 +133,7 @@ class Provider:
 
     # -- the verbs ------------------------------------------------------------------------
 
-    def _Identify(self, args: dict[str, str], now: datetime, base_url: str) -> str:  # noqa: N802
+    def _identify(self, args: dict[str, str], now: datetime, base_url: str) -> str:
         s = self.settings
         earliest = q.earliest(self.engine) or now
         emails = "".join(f"<adminEmail>{x.text(e)}</adminEmail>" for e in s.admin_emails)
@@ -139,7 +144,7 @@ class Provider:
                 "<deletedRecord>persistent</deletedRecord>"
                 "<granularity>YYYY-MM-DDThh:mm:ssZ</granularity></Identify>")
 
-    def _ListMetadataFormats(self, args: dict[str, str], now: datetime, base_url: str) -> str:  # noqa: N802
+    def _list_metadata_formats(self, args: dict[str, str], now: datetime, base_url: str) -> str:
         sources = self.sources()
         found: list[FormatInfo] = []
         if "identifier" in args:
@@ -165,7 +170,7 @@ class Provider:
             for f in found)
         return f"<ListMetadataFormats>{items}</ListMetadataFormats>"
 
-    def _ListSets(self, args: dict[str, str], now: datetime, base_url: str) -> str:  # noqa: N802
+    def _list_sets(self, args: dict[str, str], now: datetime, base_url: str) -> str:
         specs: list[tuple[str, str]] = []
         for s in self.sources():
             specs.append((s.id, s.name))
@@ -194,7 +199,7 @@ class Provider:
             end = x.token(value, cursor, total)
         return f"<ListSets>{items}{end}</ListSets>"
 
-    def _GetRecord(self, args: dict[str, str], now: datetime, base_url: str) -> str:  # noqa: N802
+    def _get_record(self, args: dict[str, str], now: datetime, base_url: str) -> str:
         source, source_id = self._split(args["identifier"])
         row = q.record(self.engine, source.id, source_id)
         if row is None:
@@ -204,10 +209,10 @@ class Provider:
                                 f"{args['identifier']!r} is held in {source.prefix} only")
         return f"<GetRecord>{self._record(row)}</GetRecord>"
 
-    def _ListIdentifiers(self, args: dict[str, str], now: datetime, base_url: str) -> str:  # noqa: N802
+    def _list_identifiers(self, args: dict[str, str], now: datetime, base_url: str) -> str:
         return self._list("ListIdentifiers", args, now)
 
-    def _ListRecords(self, args: dict[str, str], now: datetime, base_url: str) -> str:  # noqa: N802
+    def _list_records(self, args: dict[str, str], now: datetime, base_url: str) -> str:
         return self._list("ListRecords", args, now)
 
     # -- lists ----------------------------------------------------------------------------
