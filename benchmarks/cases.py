@@ -63,6 +63,8 @@ class Sizes:
     load_sizes: tuple[int, ...] = (200, 1000)  # case 12: private vs public builders
     load_repeats: int = 3  # interleaved pairs at the first size (one at the others)
     list_sizes: tuple[int, ...] = (1000, 10_000)  # case 13: harvester list, since
+    serve_store: int = 1_000_000  # case 17: records in the store
+    serve_records: int = 100_000  # case 17: records read per list
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -72,7 +74,8 @@ class Sizes:
                    shard_sizes=(100,), per_shard=50, shard_baseline=100, dev_sizes=(100,),
                    cli_records=2_000, cli_repeats=1, aggregator_records=2_000,
                    aggregator_repeats=1, load_sizes=(50,), load_repeats=1,
-                   compression_records=2_000, list_sizes=(200,))
+                   compression_records=2_000, list_sizes=(200,), serve_store=20_000,
+                   serve_records=5_000)
 
 
 @dataclass
@@ -211,11 +214,11 @@ def case_fetch(b: Bench) -> None:
 
 
 @contextlib.contextmanager
-def postgres_database() -> Iterator[str]:
-    """A fresh PostgreSQL database (dropped afterwards)."""
+def postgres_database(name: str | None = None) -> Iterator[str]:
+    """A fresh PostgreSQL database (dropped afterwards), named `name` or at random."""
     import sqlalchemy as sa
 
-    name = f"oaipmh_bench_{uuid.uuid4().hex[:10]}"
+    name = name or f"oaipmh_bench_{uuid.uuid4().hex[:10]}"
     admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT",
                              connect_args={"connect_timeout": 5})
     try:
@@ -574,8 +577,15 @@ def case_compression(b: Bench) -> None:
 
 
 def case_bulk_import(b: Bench) -> None:
-    """Case 15 (benchmarks/bulk_import.py, which imports this module)."""
+    """Case 20 (benchmarks/bulk_import.py, which imports this module)."""
     from benchmarks.bulk_import import case_bulk_import as run
+
+    run(b)
+
+
+def case_serve(b: Bench) -> None:
+    """Case 17 (benchmarks/serve.py, which imports this module)."""
+    from benchmarks.serve import case_serve as run
 
     run(b)
 
@@ -601,6 +611,8 @@ CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
            case_list_state),
     "14": ("record bytes on PostgreSQL: the defaults vs lz4 (migration 0009)",
            case_compression),
+    "17": ("OAI-PMH data provider: records per second served to Sickle from 1,000,000",
+           case_serve),
     "20": ("harvester import: endpoints probed by a pool vs one at a time",
            case_bulk_import),
 }

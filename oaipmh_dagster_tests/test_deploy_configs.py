@@ -406,7 +406,7 @@ def _compose() -> dict[str, Any]:
 def test_compose_runs_postgres_webserver_daemon_and_code_server() -> None:
     compose = _compose()
     services = compose["services"]
-    assert set(services) == {"postgres", "code-server", "webserver", "daemon"}
+    assert set(services) == {"postgres", "code-server", "webserver", "daemon", "oai-provider"}
     build = services["code-server"]["build"]
     assert (DEPLOY / "docker" / build["context"] / build["dockerfile"]).resolve() == (
         REPO_ROOT / "Dockerfile")
@@ -436,6 +436,57 @@ def test_compose_runs_postgres_webserver_daemon_and_code_server() -> None:
         assert f"CREATE DATABASE {url.database}" in init
     for name in ("webserver", "daemon"):
         assert services[name]["depends_on"]["code-server"]["condition"] == "service_healthy"
+
+
+def _serve_settings_ok(env: dict[str, str]) -> None:
+    """The provider's OAIPMH_SERVE_* defaults are settings `serve` accepts."""
+    from oaipmh_dagster.serve import Settings
+
+    def default(value: str) -> str:
+        match = re.fullmatch(r"\$\{[A-Z_]+:-(.*)\}", value)
+        return match.group(1) if match else value
+
+    Settings.from_env({k: default(v) for k, v in env.items() if k.startswith("OAIPMH_SERVE_")})
+
+
+def test_compose_runs_the_oai_provider() -> None:
+    """`oaipmh-dagster serve` of the image, on the records database, published on
+    loopback, health-checked through Identify."""
+    services = _compose()["services"]
+    provider = services["oai-provider"]
+    assert provider["image"] == services["code-server"]["image"]
+    command = provider["command"]
+    assert command[:2] == ["oaipmh-dagster", "serve"]
+    port = command[command.index("--port") + 1]
+    assert command[command.index("--host") + 1] == "0.0.0.0"
+    assert provider["ports"] == [f"127.0.0.1:{port}:{port}"]
+    env = provider["environment"]
+    assert env["OAIPMH_DATABASE_URL"] == services["code-server"]["environment"][
+        "OAIPMH_DATABASE_URL"]
+    _serve_settings_ok(env)
+    assert f"{port}/oai?verb=Identify" in " ".join(provider["healthcheck"]["test"])
+    assert provider["depends_on"]["postgres"]["condition"] == "service_healthy"
+
+
+def test_kubernetes_manifests_run_the_oai_provider() -> None:
+    """deploy/k8s/serve.yaml: the values' image and Secret, a probe through Identify, and a
+    Service onto the container's port."""
+    deployment, service = yaml.safe_load_all((DEPLOY / "k8s" / "serve.yaml").read_text())
+    assert (deployment["kind"], service["kind"]) == ("Deployment", "Service")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    image = _values()["dagster-user-deployments"]["deployments"][0]["image"]
+    assert container["image"] == f"{image['repository']}:{image['tag']}"
+    assert container["command"][:2] == ["oaipmh-dagster", "serve"]
+    port = int(container["command"][container["command"].index("--port") + 1])
+    assert container["ports"] == [{"name": "http", "containerPort": port}]
+    assert {"secretRef": {"name": "oaipmh-database"}} in container["envFrom"]
+    _serve_settings_ok({e["name"]: e["value"] for e in container["env"]})
+    assert container["readinessProbe"]["httpGet"]["path"] == "/oai?verb=Identify"
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"] == labels
+    assert service["spec"]["selector"] == labels
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    assert "deploy/k8s/serve.yaml" in (DEPLOY / "k8s" / "values.yaml").read_text()
 
 
 def _values() -> dict[str, Any]:

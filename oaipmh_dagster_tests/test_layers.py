@@ -8,8 +8,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "oaipmh_dagster"
 # Top to bottom: a room may import the rooms after it, never one before it.
-LAYERS = ["cli", "definitions", "defs", "operations", "harvesting", "storage", "transform",
-          "oai", "demo", "formats", "fields", "contracts", "words", "stopping", "errors",
+LAYERS = ["cli", "definitions", "defs", "operations", "serve", "harvesting", "storage",
+          "transform", "oai", "demo", "formats", "fields", "contracts", "words", "stopping", "errors",
           "__init__"]
 
 

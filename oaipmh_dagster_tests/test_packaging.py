@@ -40,6 +40,19 @@ def test_license_is_an_spdx_expression() -> None:
     assert int(re.findall(r"\d+", backend)[0]) >= 77
 
 
+def test_package_data_ships_every_schema() -> None:
+    """Every .xsd of the package (the transformers' schemas, the OAI-PMH response schema
+    of `serve`) matches a package-data pattern, so an installed wheel holds it."""
+    import fnmatch
+
+    patterns = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"][
+        "setuptools"]["package-data"]["oaipmh_dagster"]
+    package = REPO_ROOT / "oaipmh_dagster"
+    schemas = [p.relative_to(package).as_posix() for p in package.rglob("*.xsd")]
+    assert "serve/OAI-PMH.xsd" in schemas
+    assert [s for s in schemas if not any(fnmatch.fnmatch(s, p) for p in patterns)] == []
+
+
 def test_tabulate_is_declared() -> None:
     """cli.py imports tabulate itself: it may not ride on Dagster's dependencies."""
     assert "tabulate" in _pins(_project()["project"]["dependencies"])

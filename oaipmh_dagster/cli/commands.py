@@ -889,6 +889,11 @@ def demo(port: int, oai_port: int, n_records: int, no_ui: bool) -> None:
     sys.exit(code)
 
 
+from oaipmh_dagster.cli.serve import serve  # noqa: E402 - registered after the group
+
+cli.add_command(serve)
+
+
 def _error(message: object, code: int) -> NoReturn:
     """Print `message` as one line on stderr and exit with `code`."""
     text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())

@@ -209,6 +209,7 @@ COMMANDS = [
     ["harvest", "demo"],
     ["records", "demo"],
     ["export", "demo", "--format", "csv", "--output", "{out}"],
+    ["serve", "--port", "0"],
 ]
 
 

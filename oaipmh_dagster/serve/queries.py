@@ -1,0 +1,162 @@
+"""The provider's reads: harvesters from the registry, records from the store, by SQL.
+
+Records are listed in the order of (harvested_at, harvester_id, oai_identifier), the
+hub's own change time first, and paged by keyset: a page starts after the last row of
+the one before, so rows written elsewhere in the table never shift a list (migration
+0011 indexes both orders the lists take: all harvesters, and one)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Engine
+
+from oaipmh_dagster.serve.tokens import Position
+from oaipmh_dagster.storage.registry import harvester_table
+from oaipmh_dagster.storage.store import record_table
+
+_c = record_table.c
+_AT = _c.harvested_at.type
+
+
+@dataclass(frozen=True)
+class Source:
+    """A registered harvester as the provider sees it: a set, a metadata format."""
+
+    id: str
+    name: str
+    prefix: str
+    sets: tuple[str, ...]
+
+
+class Row(NamedTuple):
+    harvester_id: str
+    identifier: str
+    harvested_at: datetime
+    deleted: bool
+    sets: tuple[str, ...]
+    raw_xml: str | None
+
+
+def utc(value: datetime) -> datetime:
+    """A datetime read from the database, aware and in UTC (SQLite's are naive UTC)."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def sources(engine: Engine) -> list[Source]:
+    """Every registered harvester, ordered by id."""
+    h = harvester_table.c
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(h.id, h.name, h.metadata_prefix, h.sets)
+                            .order_by(h.id)).all()
+    out = []
+    for hid, name, prefix, sets in rows:
+        if isinstance(sets, str):
+            sets = json.loads(sets)
+        out.append(Source(hid, name or hid, prefix, tuple(sets or ())))
+    return out
+
+
+def _sets(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = json.loads(value)
+    return tuple(value or ())
+
+
+def _has_set(postgres: bool, spec: str) -> sa.ColumnElement[bool]:
+    if postgres:
+        return _c.sets.op("@>")(sa.cast(sa.literal(json.dumps([spec])), postgresql.JSONB))
+    each = sa.func.json_each(_c.sets).table_valued("value")
+    return sa.exists().select_from(each).where(each.c.value == spec)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The records of a list: harvesters `ids` (and their source set), changed in
+    [lower, upper)."""
+
+    ids: tuple[str, ...]
+    source_set: str | None
+    lower: datetime | None
+    upper: datetime
+
+    def where(self, engine: Engine) -> list[sa.ColumnElement[bool]]:
+        where: list[sa.ColumnElement[bool]] = [
+            _c.harvester_id == self.ids[0] if len(self.ids) == 1
+            else _c.harvester_id.in_(self.ids),
+            _c.harvested_at < sa.bindparam("upper", self.upper, type_=_AT)]
+        if self.lower is not None:
+            where.append(_c.harvested_at >= sa.bindparam("lower", self.lower, type_=_AT))
+        if self.source_set is not None:
+            where.append(_has_set(engine.dialect.name == "postgresql", self.source_set))
+        return where
+
+
+def count(engine: Engine, sel: Selection) -> int:
+    """How many records the selection holds now."""
+    with engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(record_table)
+                                .where(*sel.where(engine))).scalar_one())
+
+
+def page(engine: Engine, sel: Selection, after: Position | None, limit: int, *,
+         with_raw: bool) -> list[Row]:
+    """Up to `limit` records of the selection after `after`, in list order."""
+    columns: list[sa.ColumnElement[Any]] = [_c.harvester_id, _c.oai_identifier,
+                                            _c.harvested_at, _c.deleted, _c.sets]
+    columns.append(_c.raw_xml if with_raw else sa.null())
+    where = sel.where(engine)
+    if after is not None:
+        at = sa.bindparam("after_at", after[0], type_=_AT)
+        # The row comparison is the keyset; the plain bound lets the index of one
+        # harvester's records (harvester_id, harvested_at, ...) start at the position too.
+        where += [sa.tuple_(_c.harvested_at, _c.harvester_id, _c.oai_identifier)
+                  > sa.tuple_(at, sa.literal(after[1]), sa.literal(after[2])),
+                  _c.harvested_at >= at]
+    stmt = (sa.select(*columns).where(*where)
+            .order_by(_c.harvested_at, _c.harvester_id, _c.oai_identifier).limit(limit))
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    return [Row(h, i, utc(at_), bool(d), _sets(s), raw) for h, i, at_, d, s, raw in rows]
+
+
+def record(engine: Engine, harvester_id: str, identifier: str) -> Row | None:
+    """One record, None when not stored."""
+    with engine.connect() as conn:
+        found = conn.execute(
+            sa.select(_c.harvester_id, _c.oai_identifier, _c.harvested_at, _c.deleted,
+                      _c.sets, _c.raw_xml)
+            .where(_c.harvester_id == harvester_id, _c.oai_identifier == identifier)
+        ).first()
+    if found is None:
+        return None
+    h, i, at, d, s, raw = found
+    return Row(h, i, utc(at), bool(d), _sets(s), raw)
+
+
+def earliest(engine: Engine) -> datetime | None:
+    """The oldest change time in the store (None when it holds no record)."""
+    with engine.connect() as conn:
+        value = conn.execute(sa.select(sa.func.min(_c.harvested_at))).scalar_one()
+    if isinstance(value, str):  # SQLite's min() bypasses the column's type
+        value = datetime.fromisoformat(value)
+    return None if value is None else utc(value)
+
+
+def sample_xml(engine: Engine, harvester_ids: Sequence[str]) -> str | None:
+    """The stored XML of one live record of the first of `harvester_ids` that has one."""
+    with engine.connect() as conn:
+        for hid in harvester_ids:
+            raw = conn.execute(
+                sa.select(_c.raw_xml)
+                .where(_c.harvester_id == hid, _c.deleted.is_(False), _c.raw_xml.is_not(None))
+                .limit(1)).scalar()
+            if raw:
+                return str(raw)
+    return None
