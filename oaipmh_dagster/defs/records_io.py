@@ -11,7 +11,12 @@ downstream step runs (materializing the downstream asset alone harvests nothing)
 - `columns` in the input's metadata keeps only those columns (and `oai_identifier`).
 
 The op stores the records itself, so `handle_output` stores nothing. A harvester the
-registry does not hold fails the step with one line; nothing is written."""
+registry does not hold fails the step with one line; nothing is written.
+
+Dagster refuses to load definitions in which an asset takes an input that no asset
+produces: where a harvester may be missing (a sharded workspace serves each harvester
+from one code location; a harvester removed), add its downstream assets only when
+`serves_records(defs, harvester_id)`."""
 
 from __future__ import annotations
 
@@ -20,17 +25,29 @@ from typing import Any
 
 import dagster as dg
 
-from oaipmh_dagster.contracts import RECORDS, harvester_of
+from oaipmh_dagster.contracts import RECORDS, asset_paths, harvester_of
 from oaipmh_dagster.operations.frames import DEFAULT_BATCH_SIZE, RecordBatches
 from oaipmh_dagster.storage.registry import HarvesterNotFound, Registry
 
 __all__ = ["BATCH_SIZE_KEY", "COLUMNS_KEY", "RECORDS_IO_MANAGER_KEY", "RecordBatches",
-           "RecordsIOManager", "records_io_manager"]
+           "RecordsIOManager", "records_io_manager", "records_key", "serves_records"]
 
 RECORDS_IO_MANAGER_KEY = "oaipmh_records_io_manager"
 # Keys of a downstream input's metadata (`dg.AssetIn(..., metadata={...})`).
 BATCH_SIZE_KEY = "batch_size"
 COLUMNS_KEY = "columns"
+
+
+def records_key(harvester_id: str) -> dg.AssetKey:
+    """The key of a harvester's records asset (`oaipmh/<id>/records`)."""
+    return dg.AssetKey(asset_paths(harvester_id)[2])
+
+
+def serves_records(defs: dg.Definitions, harvester_id: str) -> bool:
+    """Whether `defs` (what `load_definitions()` returned) holds the harvester's records
+    asset, so an asset downstream of it can be merged in."""
+    key = records_key(harvester_id)
+    return any(key in getattr(a, "keys", ()) for a in defs.assets or ())
 
 
 class RecordsIOManager(dg.IOManager):
@@ -42,7 +59,7 @@ class RecordsIOManager(dg.IOManager):
     def load_input(self, context: dg.InputContext) -> Any:
         key = context.asset_key if context.has_asset_key else None
         harvester_id = harvester_of(key.path, RECORDS) if key is not None else None
-        if harvester_id is None:
+        if key is None or harvester_id is None:
             shown = key.to_user_string() if key is not None else f"input {context.name!r}"
             raise dg.Failure(f"{RECORDS_IO_MANAGER_KEY} loads the records assets "
                              f"oaipmh/<harvester id>/records only, not {shown}")
