@@ -63,6 +63,8 @@ class Sizes:
     load_sizes: tuple[int, ...] = (200, 1000)  # case 12: private vs public builders
     load_repeats: int = 3  # interleaved pairs at the first size (one at the others)
     list_sizes: tuple[int, ...] = (1000, 10_000)  # case 13: harvester list, since
+    frames_records: int = 1_000_000  # case 18: downstream DataFrame vs batches
+    frames_batches: tuple[int, ...] = (10_000, 100_000)
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -72,7 +74,8 @@ class Sizes:
                    shard_sizes=(100,), per_shard=50, shard_baseline=100, dev_sizes=(100,),
                    cli_records=2_000, cli_repeats=1, aggregator_records=2_000,
                    aggregator_repeats=1, load_sizes=(50,), load_repeats=1,
-                   compression_records=2_000, list_sizes=(200,))
+                   compression_records=2_000, list_sizes=(200,), frames_records=20_000,
+                   frames_batches=(1_000,))
 
 
 @dataclass
@@ -573,6 +576,13 @@ def case_compression(b: Bench) -> None:
     run(b)
 
 
+def case_downstream(b: Bench) -> None:
+    """Case 18 (benchmarks/downstream.py, which imports this module)."""
+    from benchmarks.downstream import case_downstream as run
+
+    run(b)
+
+
 CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
     "1": ("fetch + parse throughput vs Sickle and oaipmh-scythe", case_fetch),
     "2": ("end-to-end harvest throughput (SQLite, PostgreSQL, job)", case_e2e),
@@ -594,6 +604,8 @@ CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
            case_list_state),
     "14": ("record bytes on PostgreSQL: the defaults vs lz4 (migration 0009)",
            case_compression),
+    "18": ("downstream asset input at 1,000,000 records: whole DataFrame vs batches",
+           case_downstream),
 }
 
 

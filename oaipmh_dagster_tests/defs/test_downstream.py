@@ -4,7 +4,9 @@ with assets of one's own."""
 
 from __future__ import annotations
 
+import importlib
 import json
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -24,6 +26,7 @@ from oaipmh_dagster.defs.records_io import (
 from oaipmh_dagster.demo.dataset import make_dataset
 from oaipmh_dagster.storage.registry import Harvester, Registry
 from oaipmh_dagster.storage.store import utc_datestamp
+from oaipmh_dagster_tests.conftest import REPO_ROOT
 from oaipmh_dagster_tests.helpers import add_harvester
 from oaipmh_dagster_tests.oaiserver import FaultyOAIServer as OAIServer
 
@@ -252,3 +255,46 @@ def test_load_definitions_in_a_run_worker_reads_the_rows_it_was_handed(
     keys = {k for a in defs.assets or [] for k in getattr(a, "keys", ())}
     assert asset_keys("elsewhere")[2] in keys
     assert RECORDS_KEY not in keys
+
+
+# -- the README's example ------------------------------------------------------------------
+
+
+def _readme_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The README's example module (the first Python block of its section), imported."""
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Assets downstream of a harvest"):]
+    code = section[section.index("```python\n") + 10:]
+    code = code[:code.index("```")]
+    (tmp_path / "readme_pipeline.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return importlib.import_module("readme_pipeline")
+
+
+def test_the_readme_example_loads_and_materializes(
+        sqlite_url: str, dataset: Any, instance: dg.DagsterInstance, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _readme_example(tmp_path, monkeypatch)
+    before = module.defs()  # no such harvester yet: the location loads without them
+    dg.Definitions.validate_loadable(before)
+    assert not serves_records(before, "zenodo")
+    with OAIServer(dataset, page_size=25) as srv:
+        h = add_harvester("zenodo", srv.base_url)
+        build_definitions([h], LOCATION).resolve_job_def(h.job_name).execute_in_process(
+            run_config={"ops": {op_name(h.id): {"config": {}}}}, instance=instance)
+    defs = module.defs()
+    dg.Definitions.validate_loadable(defs)
+    keys = [module.zenodo_by_year.key, module.zenodo_creators.key]
+    result = _materialize(defs, instance, *keys)
+    assert result.success
+    by_year = result.asset_value(module.zenodo_by_year.key)
+    live = _live(dataset)
+    assert by_year["records"].sum() == len(live)
+    creators = {c for r in live for c in _creators(r)}
+    assert result.asset_value(module.zenodo_creators.key) == len(creators)
+
+
+def _creators(record: Any) -> list[str]:
+    from oaipmh_dagster.transform import transform_record
+
+    return transform_record("oai_dc", record.metadata["oai_dc"]).get("creator") or []
