@@ -338,11 +338,14 @@ def tag_run(context: dg.AssetExecutionContext, h: Harvester,
 
 
 def _of_one_harvester(run: dg.DagsterRun, h: Harvester) -> bool:
-    """Whether `run` materializes only `h`'s assets (its own job, or a selection of them)."""
+    """Whether `run` materializes the assets of `h` and of no other harvester (its own
+    job, or a selection of them, with or without assets downstream of them that are no
+    harvester's)."""
     if run.job_name == h.job_name:
         return True
     selection = run.asset_selection  # None: every asset of a job (not one harvester's)
-    return selection is not None and {harvester_of(key.path) for key in selection} == {h.id}
+    return selection is not None and (
+        {harvester_of(key.path) for key in selection} - {None} == {h.id})
 
 
 def wants_reconcile(instance: dg.DagsterInstance, run: dg.DagsterRun, h: Harvester,

@@ -13,7 +13,7 @@ import dagster as dg
 import pandas as pd
 import pytest
 
-from oaipmh_dagster.contracts import ROWS_KEY
+from oaipmh_dagster.contracts import HARVESTER_TAG, ROWS_KEY
 from oaipmh_dagster.definitions import build_definitions, load_definitions
 from oaipmh_dagster.defs._private import reconstruction
 from oaipmh_dagster.defs.assets import asset_keys, op_name
@@ -124,6 +124,10 @@ def test_records_and_a_downstream_asset_in_one_run(harvested: Any,
         RECORDS_KEY, counted.key}
     assert rows == [instance.get_latest_materialization_event(RECORDS_KEY)
                     .asset_materialization.metadata["dagster/row_count"].value]
+    # The op's run still carries the harvester's tags (the run queue's limits, the Runs
+    # filter): a downstream asset of one's own is no other harvester's.
+    tags = instance.get_run_by_id(result.run_id).tags
+    assert tags.get(HARVESTER_TAG) == H
 
 
 def test_batches_by_annotation_or_batch_size(harvested: Any, dataset: Any,
