@@ -30,7 +30,8 @@ from oaipmh_dagster.operations.frames import DEFAULT_BATCH_SIZE, RecordBatches
 from oaipmh_dagster.storage.registry import HarvesterNotFound, Registry
 
 __all__ = ["BATCH_SIZE_KEY", "COLUMNS_KEY", "RECORDS_IO_MANAGER_KEY", "RecordBatches",
-           "RecordsIOManager", "records_io_manager", "records_key", "serves_records"]
+           "RecordsIOManager", "input_options", "records_io_manager", "records_key",
+           "serves_records"]
 
 RECORDS_IO_MANAGER_KEY = "oaipmh_records_io_manager"
 # Keys of a downstream input's metadata (`dg.AssetIn(..., metadata={...})`).

@@ -20,6 +20,7 @@ from oaipmh_dagster.defs.assets import asset_keys, op_name
 from oaipmh_dagster.defs.records_io import (
     RECORDS_IO_MANAGER_KEY,
     RecordBatches,
+    input_options,
     records_key,
     serves_records,
 )
@@ -302,3 +303,20 @@ def _creators(record: Any) -> list[str]:
     from oaipmh_dagster.transform import transform_record
 
     return transform_record("oai_dc", record.metadata["oai_dc"]).get("creator") or []
+
+
+@pytest.mark.parametrize(("metadata", "message"), [
+    ({"batch_size": 0}, "batch_size must be a positive number of rows, not 0"),
+    ({"batch_size": "10"}, "batch_size must be a positive number of rows, not '10'"),
+    ({"batch_size": True}, "batch_size must be a positive number of rows, not True"),
+    ({"columns": "title"}, "columns must be a list of column names, not 'title'"),
+])
+def test_bad_input_metadata_is_one_clear_failure(metadata: dict, message: str) -> None:
+    with pytest.raises(dg.Failure) as caught:
+        input_options(metadata)
+    assert caught.value.description == message
+
+
+def test_input_metadata_gives_batch_size_and_columns() -> None:
+    assert input_options({}) == (None, None)
+    assert input_options({"batch_size": 5, "columns": ["title"]}) == (5, ("title",))
