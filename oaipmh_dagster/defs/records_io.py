@@ -26,7 +26,7 @@ from typing import Any
 import dagster as dg
 
 from oaipmh_dagster.contracts import RECORDS, asset_paths, harvester_of
-from oaipmh_dagster.operations.frames import DEFAULT_BATCH_SIZE, RecordBatches
+from oaipmh_dagster.operations.frames import DEFAULT_BATCH_SIZE, RecordBatches, records_frame
 from oaipmh_dagster.storage.registry import HarvesterNotFound, Registry
 
 __all__ = ["BATCH_SIZE_KEY", "COLUMNS_KEY", "RECORDS_IO_MANAGER_KEY", "RecordBatches",
@@ -81,8 +81,6 @@ class RecordsIOManager(dg.IOManager):
             context.log.info(f"{key.to_user_string()}: live records in batches of "
                              f"{batches.batch_size:,} rows")
             return batches
-        from oaipmh_dagster.operations.frames import records_frame
-
         frame = records_frame(store, harvester_id, columns)
         context.log.info(f"{key.to_user_string()}: {len(frame):,} live records, "
                          f"{frame.shape[1]} columns")
@@ -99,7 +97,7 @@ def input_options(metadata: Mapping[str, Any]) -> tuple[int | None, tuple[str, .
                          f"not {batch_size!r}")
     columns = metadata.get(COLUMNS_KEY)
     columns = getattr(columns, "value", columns)
-    if columns is not None and (isinstance(columns, str) or not all(
+    if columns is not None and (not isinstance(columns, list | tuple) or not all(
             isinstance(c, str) for c in columns)):
         raise dg.Failure(f"{COLUMNS_KEY} must be a list of column names, not {columns!r}")
     return batch_size, (tuple(columns) if columns is not None else None)

@@ -310,6 +310,7 @@ def _creators(record: Any) -> list[str]:
     ({"batch_size": "10"}, "batch_size must be a positive number of rows, not '10'"),
     ({"batch_size": True}, "batch_size must be a positive number of rows, not True"),
     ({"columns": "title"}, "columns must be a list of column names, not 'title'"),
+    ({"columns": 3}, "columns must be a list of column names, not 3"),
 ])
 def test_bad_input_metadata_is_one_clear_failure(metadata: dict, message: str) -> None:
     with pytest.raises(dg.Failure) as caught:
