@@ -65,6 +65,8 @@ class Sizes:
     list_sizes: tuple[int, ...] = (1000, 10_000)  # case 13: harvester list, since
     serve_store: int = 1_000_000  # case 17: records in the store
     serve_records: int = 100_000  # case 17: records read per list
+    frames_records: int = 1_000_000  # case 18: downstream DataFrame vs batches
+    frames_batches: tuple[int, ...] = (10_000, 100_000)
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -75,7 +77,7 @@ class Sizes:
                    cli_records=2_000, cli_repeats=1, aggregator_records=2_000,
                    aggregator_repeats=1, load_sizes=(50,), load_repeats=1,
                    compression_records=2_000, list_sizes=(200,), serve_store=20_000,
-                   serve_records=5_000)
+                   serve_records=5_000, frames_records=20_000, frames_batches=(1_000,))
 
 
 @dataclass
@@ -590,6 +592,13 @@ def case_serve(b: Bench) -> None:
     run(b)
 
 
+def case_downstream(b: Bench) -> None:
+    """Case 18 (benchmarks/downstream.py, which imports this module)."""
+    from benchmarks.downstream import case_downstream as run
+
+    run(b)
+
+
 CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
     "1": ("fetch + parse throughput vs Sickle and oaipmh-scythe", case_fetch),
     "2": ("end-to-end harvest throughput (SQLite, PostgreSQL, job)", case_e2e),
@@ -615,6 +624,8 @@ CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
            case_serve),
     "20": ("harvester import: endpoints probed by a pool vs one at a time",
            case_bulk_import),
+    "18": ("downstream asset input at 1,000,000 records: whole DataFrame vs batches",
+           case_downstream),
 }
 
 

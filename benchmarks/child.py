@@ -524,6 +524,13 @@ def list_fill(args: dict[str, Any]) -> dict[str, Any]:
     return fill_child(args)
 
 
+def frames(args: dict[str, Any]) -> dict[str, Any]:
+    """Case 18's reading of a store as DataFrames (`benchmarks.downstream`)."""
+    from benchmarks.downstream import frames_child
+
+    return frames_child(args)
+
+
 KINDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "fetch": fetch, "memory": memory, "harvest": harvest, "profile": profile, "job": job,
     "profile_job": profile_job,
@@ -531,6 +538,7 @@ KINDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "location_load": location_load,
     "stored": stored,
     "shard_snapshot": shard_snapshot, "scheduler": scheduler, "list_fill": list_fill,
+    "frames": frames,
 }
 
 

@@ -2,7 +2,15 @@
 (of its shard, when its name names one: see `shards`), plus the since sensor. Runs
 rebuild it from the rows stored in reconstruction metadata,
 never from the registry, so a row changed or removed since the last load cannot break a
-run that was launched against it."""
+run that was launched against it.
+
+`load_definitions()` builds what the location serves; a module of one's own can serve it
+with assets downstream of `oaipmh/<id>/records` (see `defs.records_io`):
+
+    @dg.definitions
+    def defs() -> dg.Definitions:
+        return dg.Definitions.merge(load_definitions(), dg.Definitions(assets=[mine]))
+"""
 
 from __future__ import annotations
 
@@ -21,6 +29,11 @@ from oaipmh_dagster.defs.checks import build_location_checks
 from oaipmh_dagster.defs.jobs import build_harvest_job
 from oaipmh_dagster.defs.listener import LISTENER_KEY, listener_resource
 from oaipmh_dagster.defs.manage import build_manage_job, hosts_manage_job, registry_asset
+from oaipmh_dagster.defs.records_io import (
+    RECORDS_IO_MANAGER_KEY,
+    RecordBatches,
+    records_io_manager,
+)
 from oaipmh_dagster.defs.resources import OAIPMHDatabase
 from oaipmh_dagster.defs.schedules import build_schedule
 from oaipmh_dagster.defs.sensors import build_since_sensor
@@ -28,8 +41,8 @@ from oaipmh_dagster.operations.shards import InvalidShard, Shard, parse_location
 from oaipmh_dagster.storage import db
 from oaipmh_dagster.storage.registry import Harvester, InvalidRow, Registry, harvester_table
 
-__all__ = ["ROWS_KEY", "build_definitions", "defs", "freeze_long_lived", "load_harvesters",
-           "location_shard"]
+__all__ = ["ROWS_KEY", "RecordBatches", "build_definitions", "defs", "freeze_long_lived",
+           "load_definitions", "load_harvesters", "location_shard"]
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +89,8 @@ def build_definitions(
 ) -> dg.Definitions:
     """Definitions for `harvesters` (a loop over factories; no I/O). The since sensor
     takes only `location_name`'s runs of these harvesters."""
-    resources = {"oaipmh_db": OAIPMHDatabase(), LISTENER_KEY: listener_resource()}
+    resources = {"oaipmh_db": OAIPMHDatabase(), LISTENER_KEY: listener_resource(),
+                 RECORDS_IO_MANAGER_KEY: records_io_manager}
     assets, jobs, schedules = [], [], []
     for h in harvesters:
         harvester_assets = build_harvester_assets(h)
@@ -114,9 +128,12 @@ def freeze_long_lived() -> None:
         gc.freeze()
 
 
-@dg.definitions
-def defs() -> dg.Definitions:
-    """Entry point of the code location (workspace.yaml: module oaipmh_dagster.definitions)."""
+def load_definitions() -> dg.Definitions:
+    """What the code location serves: the harvesters of its shard (from the registry on a
+    load, from the rows a run worker was handed on reconstruction), handed on to its run
+    workers. Call it while Dagster loads the location (from a `@dg.definitions` function,
+    as `defs` does) so that it knows the location's name and shard; merge assets of
+    one's own into what it returns."""
     freeze_long_lived()
     context = LoadContext()
     location = context.location_name
@@ -133,3 +150,9 @@ def defs() -> dg.Definitions:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.PreviewWarning)  # a documented Dagster API
         return built.with_reconstruction_metadata({ROWS_KEY: rows})
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    """Entry point of the code location (workspace.yaml: module oaipmh_dagster.definitions)."""
+    return load_definitions()

@@ -117,11 +117,50 @@ def register_demo_harvesters(base_url: str, registry: Registry) -> list[Harveste
     return out
 
 
+DEFINITIONS_MODULE = "oaipmh_dagster.definitions"
+# What the demo's code locations serve: the definitions plus an example downstream asset.
+DEMO_MODULE = "oaipmh_dagster.cli.demo_downstream"
+DEMO_WORKSPACE = "demo_workspace.yaml"
+
+
+def demo_workspace(home: Path, source: Path | None = None) -> Path:
+    """Write the workspace the demo's `dagster dev` loads into `home`: the entries of
+    `source` (the working directory's workspace.yaml, sharded or not) with each
+    `oaipmh_dagster.definitions` module served by `DEMO_MODULE` under the same location
+    name (schedule states, runs and sensor cursors are keyed by it) and working
+    directory; without `source`, one location as `dagster dev -m` would name it."""
+    import yaml
+
+    entries: list[Any] = []
+    if source is not None and source.is_file():
+        loaded = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
+        for entry in loaded.get("load_from") or []:
+            module = entry.get("python_module") if isinstance(entry, dict) else None
+            if isinstance(module, str):
+                module = {"module_name": module}
+            if isinstance(module, dict) and module.get("module_name") == DEFINITIONS_MODULE:
+                module = {"location_name": DEFINITIONS_MODULE, **module,
+                          "module_name": DEMO_MODULE}
+                module.setdefault("working_directory", str(source.resolve().parent))
+                entry = {**entry, "python_module": module}
+            entries.append(entry)
+    else:
+        entries.append({"python_module": {"module_name": DEMO_MODULE,
+                                          "location_name": DEFINITIONS_MODULE}})
+    path = home / DEMO_WORKSPACE
+    path.write_text("# Written by `oaipmh-dagster demo`: the code locations of "
+                    f"{source or DEFINITIONS_MODULE},\n# served by {DEMO_MODULE} (an example "
+                    "asset downstream of the demo's records).\n"
+                    + yaml.safe_dump({"load_from": entries}, sort_keys=False), encoding="utf-8")
+    return path
+
+
 def dagster_dev_command(port: int, home: Path) -> tuple[list[str], Path]:
     """`dagster dev`'s command line and working directory: $DAGSTER_HOME, whose
     dagster.yaml is the instance's. Started from the repository root instead, Dagster
     would warn that the root's dagster.yaml is ignored (it is only used once copied into
-    $DAGSTER_HOME, which `ensure_instance_yaml` did)."""
+    $DAGSTER_HOME, which `ensure_instance_yaml` did). It loads `demo_workspace`, written
+    into $DAGSTER_HOME from the working directory's workspace.yaml."""
     cmd = [
         str(Path(sys.executable).with_name("dagster")),
         "dev",
@@ -130,9 +169,26 @@ def dagster_dev_command(port: int, home: Path) -> tuple[list[str], Path]:
         "-p",
         str(port),
     ]
-    workspace = Path.cwd().resolve() / "workspace.yaml"
-    cmd += ["-w", str(workspace)] if workspace.is_file() else ["-m", "oaipmh_dagster.definitions"]
-    return cmd, home
+    source = Path.cwd().resolve() / "workspace.yaml"
+    workspace = demo_workspace(home, source if source.is_file() else None)
+    return [*cmd, "-w", str(workspace)], home
+
+
+def materialize_example(instance: Any, registry: Registry) -> tuple[bool, str]:
+    """Materialize the example downstream asset from the demo harvester's stored records
+    (in process, as the asset graph's Materialize would); (success, summary line)."""
+    from oaipmh_dagster.cli.demo_downstream import DEMO_ID, RECORDS_BY_YEAR, with_example
+    from oaipmh_dagster.definitions import build_definitions
+
+    defs = with_example(build_definitions([registry.get(DEMO_ID)]))
+    result = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+        instance=instance, asset_selection=[RECORDS_BY_YEAR], raise_on_error=False)
+    name = RECORDS_BY_YEAR.to_user_string()
+    if not result.success:
+        return False, f"{name}: failed (see run {result.run_id} in the UI)"
+    metadata = result.get_asset_materialization_events()[0].materialization.metadata
+    return True, (f"{name}: {metadata['records'].value} live records in "
+                  f"{metadata['dagster/row_count'].value} datestamp years")
 
 
 def dagster_dev_env(port: int) -> dict[str, str]:
@@ -254,6 +310,10 @@ def run_demo(
             click.echo(message)
             if not ok:
                 return 1
+        ok, message = materialize_example(instance, registry)
+        click.echo(message)
+        if not ok:
+            return 1
         if not ui:
             return 0
         proc = _dagster_dev(ui_port, home)

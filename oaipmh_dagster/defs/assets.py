@@ -49,6 +49,7 @@ from oaipmh_dagster.defs.lineage import (
     table_metadata,
 )
 from oaipmh_dagster.defs.listener import LISTENER_KEY
+from oaipmh_dagster.defs.records_io import RECORDS_IO_MANAGER_KEY
 from oaipmh_dagster.defs.resources import OAIPMHDatabase
 from oaipmh_dagster.defs.retry import retry_transient
 from oaipmh_dagster.defs.since import ResolvedSince, resolve_since, run_mode
@@ -73,7 +74,11 @@ RECORD_COLUMNS = dg.TableSchema(
 # Inferred once: inferring it from the annotation per harvester costs ~1 ms each.
 HARVEST_CONFIG_SCHEMA = HarvestConfig.to_fields_dict()
 # The outputs of every harvester's op (records alone re-transforms the stored raw XML).
-_OUTS = {name: dg.Out(dg.Nothing, is_required=False) for name in (RAW_RECORDS, RECORDS)}
+# records is of type Any under the records IO manager, so an asset that takes it as an
+# input receives the live records (`records_io`); the op yields no value for it, and
+# Dagster then calls no IO manager to store one.
+_OUTS = {RAW_RECORDS: dg.Out(dg.Nothing, is_required=False),
+         RECORDS: dg.Out(dg.Any, is_required=False, io_manager_key=RECORDS_IO_MANAGER_KEY)}
 
 __all__ = ["RECONCILE_TAG", "SCHEDULE_TAG", "asset_keys", "build_harvester_assets",
            "group_name", "harvest", "harvester_specs", "host_pool", "op_name", "run_harvest"]
@@ -333,11 +338,14 @@ def tag_run(context: dg.AssetExecutionContext, h: Harvester,
 
 
 def _of_one_harvester(run: dg.DagsterRun, h: Harvester) -> bool:
-    """Whether `run` materializes only `h`'s assets (its own job, or a selection of them)."""
+    """Whether `run` materializes the assets of `h` and of no other harvester (its own
+    job, or a selection of them, with or without assets downstream of them that are no
+    harvester's)."""
     if run.job_name == h.job_name:
         return True
     selection = run.asset_selection  # None: every asset of a job (not one harvester's)
-    return selection is not None and {harvester_of(key.path) for key in selection} == {h.id}
+    return selection is not None and (
+        {harvester_of(key.path) for key in selection} - {None} == {h.id})
 
 
 def wants_reconcile(instance: dg.DagsterInstance, run: dg.DagsterRun, h: Harvester,

@@ -35,9 +35,10 @@ def build_harvest_job(
         tags=run_tags(h),
         executor_def=dg.in_process_executor,
     )
-    # Every output is Nothing: no IO manager ever stores one. The in-memory one has no
-    # config, which keeps it out of the run config schema of each job (the default's
-    # `base_dir` made the location's snapshot 0.25 s slower at 200 harvesters).
+    # No output ever reaches an IO manager to be stored (raw_records is Nothing, records
+    # has its loader in `resources`). The in-memory default has no config, which keeps it
+    # out of the run config schema of each job (the default's `base_dir` made the
+    # location's snapshot 0.25 s slower at 200 harvesters).
     own = dg.Definitions(assets=list(assets), jobs=[job],
                          resources={"io_manager": dg.mem_io_manager, **resources})
     return own.resolve_job_def(h.job_name)

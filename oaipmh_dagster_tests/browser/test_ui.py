@@ -334,19 +334,22 @@ def test_launch_demo_job_from_launchpad(dagster_ui: DagsterUI, page: Any, shot: 
 
 
 def test_asset_graph_and_materialization(dagster_ui: DagsterUI, page: Any, shot: Any) -> None:
-    """Step 2: source -> raw_records -> records, and the latest materialization's metadata."""
+    """Step 2: source -> raw_records -> records (-> the demo's example downstream asset,
+    records_by_year), and the latest materialization's metadata."""
     run_id = launched_run(dagster_ui)
     nodes = dagster_ui.graphql(GROUP_QUERY, {"group": GROUP, "location": LOCATION,
                                              "repo": REPOSITORY})["assetNodes"]
     deps = {n["assetKey"]["path"][-1]: sorted(d["path"][-1] for d in n["dependencyKeys"])
             for n in nodes}
-    assert deps == {"source": [], "raw_records": ["source"], "records": ["raw_records"]}
+    assert deps == {"source": [], "raw_records": ["source"], "records": ["raw_records"],
+                    "records_by_year": ["records"]}
 
     page.goto(f"/locations/{LOCATION}/asset-groups/{GROUP}")
-    for name in ("source", "raw_records", "records"):
+    for name in ("source", "raw_records", "records", "records_by_year"):
         expect(page.get_by_text(name, exact=True).first).to_be_visible(timeout=60_000)
-    # raw_records and records show their latest materialization; source is external.
-    expect_materialized(page, 2)
+    # raw_records, records and records_by_year (the demo materialized it once) show their
+    # latest materialization; source is external.
+    expect_materialized(page, 3)
     shot(page, "05-asset-graph")
 
     raw = materialization_of(dagster_ui, "raw_records", run_id)

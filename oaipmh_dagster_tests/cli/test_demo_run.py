@@ -146,6 +146,7 @@ def test_demo_prints_the_ui_line_after_it_answers(
                                  instance_factory=lambda: instance)
     assert code == 0, capsys.readouterr()
     (line,) = [(t, m) for t, m in echoed if m.startswith("Dagster UI:")]
+    assert any(m.startswith("oaipmh/demo/records_by_year: ") for _, m in echoed)
     assert line[1].startswith(f"Dagster UI: http://127.0.0.1:{port}")
     assert line[0] >= answered[0]
 
@@ -166,7 +167,7 @@ def test_dagster_dev_runs_in_the_dagster_home(tmp_path: Path,
     monkeypatch.chdir(REPO_ROOT)
     cmd, cwd = demo_run.dagster_dev_command(3999, tmp_path)
     assert cwd == tmp_path
-    assert cmd[cmd.index("-w") + 1] == str(REPO_ROOT / "workspace.yaml")
+    assert cmd[cmd.index("-w") + 1] == str(tmp_path / demo_run.DEMO_WORKSPACE)
 
 
 def test_dagster_dev_does_not_warn_about_the_root_dagster_yaml(
