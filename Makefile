@@ -23,9 +23,11 @@ SOAK_PARALLEL = $(shell [ "$(JOBS)" != 1 ] && $(BIN)/python -c "import xdist" 2>
 # `make test TEST_TMPDIR=` keeps the system's temporary folder.
 TEST_TMPDIR ?= $(shell df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 && $$4 > 4194304 {print "/dev/shm"}')
 PYTEST = $(if $(TEST_TMPDIR),TMPDIR=$(TEST_TMPDIR)) $(BIN)/python -m pytest
-# `make demo PORT=3001 OAI_PORT=8766`: the Dagster UI's and the demo endpoint's ports.
+# `make demo PORT=3001 OAI_PORT=8767 HUB_PORT=8768`: the Dagster UI's, the demo
+# endpoint's and the hub's ports (HUB_PORT=0: no hub).
 PORT ?= 3000
 OAI_PORT ?= 8765
+HUB_PORT ?= 8766
 
 .PHONY: test check soak demo bench lint install clean chromium
 
@@ -75,7 +77,7 @@ soak: $(STAMP)
 
 demo: $(RUNTIME_STAMP)
 	mkdir -p $(DAGSTER_HOME)
-	$(BIN)/oaipmh-dagster demo --port $(PORT) --oai-port $(OAI_PORT)
+	$(BIN)/oaipmh-dagster demo --port $(PORT) --oai-port $(OAI_PORT) --hub-port $(HUB_PORT)
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'

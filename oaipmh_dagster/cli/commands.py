@@ -879,13 +879,17 @@ def _store_shards(count: int, prefix: str) -> None:
 @click.option("--records", "n_records", default=300, show_default=True,
               type=click.IntRange(min=1),
               help="Records on the demo endpoint.")
+@click.option("--hub-port", default=8766, show_default=True, type=click.IntRange(0, 65535),
+              help="Port where the harvested records are served over OAI-PMH (`serve`) "
+              "while the UI runs (0: no hub).")
 @click.option("--no-ui", is_flag=True, help="Set up and harvest, but do not start the UI.")
-def demo(port: int, oai_port: int, n_records: int, no_ui: bool) -> None:
-    """Start the demo endpoint, register the `demo` harvester, harvest once, open the UI."""
+def demo(port: int, oai_port: int, n_records: int, hub_port: int, no_ui: bool) -> None:
+    """Start the demo endpoint, register the `demo` harvester, harvest once, serve the
+    records as a hub, open the UI."""
     from oaipmh_dagster.cli.demo import run_demo
 
     code = run_demo(ui_port=port, oai_port=oai_port, n_records=n_records, ui=not no_ui,
-                    instance_factory=_instance)
+                    instance_factory=_instance, hub_port=hub_port or None)
     sys.exit(code)
 
 

@@ -252,6 +252,33 @@ def wait_for_ui(url: str, proc: subprocess.Popen, poll: float = 0.5) -> bool:
     return False
 
 
+HUB_NAME = "oaipmh-dagster demo hub"
+
+
+def start_hub(port: int) -> subprocess.Popen:
+    """`oaipmh-dagster serve` on 127.0.0.1:`port` over the demo's store (the same
+    database: the environment is inherited), in a process group of its own."""
+    env = {**os.environ}
+    env.setdefault("OAIPMH_SERVE_REPOSITORY_NAME", HUB_NAME)
+    return subprocess.Popen(  # noqa: PLW1509 - default signals, as for dagster dev
+        [sys.executable, "-m", "oaipmh_dagster.cli", "serve", "--host", "127.0.0.1",
+         "--port", str(port), "--no-access-log"], env=env, start_new_session=True,
+        preexec_fn=_default_signals, stdout=subprocess.DEVNULL)
+
+
+def wait_for_hub(url: str, proc: subprocess.Popen, timeout: float = 60.0,
+                 poll: float = 0.3) -> bool:
+    """Wait until the hub at `url` answers Identify (True), or it ends or `timeout`."""
+    end = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < end:
+        try:
+            with urllib.request.urlopen(f"{url}?verb=Identify", timeout=2):  # noqa: S310
+                return True
+        except (OSError, ValueError):
+            time.sleep(poll)
+    return False
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -273,9 +300,12 @@ def _started_server(dataset: Any, oai_port: int) -> OAIServer | None:
 
 
 def run_demo(
-    *, ui_port: int, oai_port: int, n_records: int, ui: bool, instance_factory: Callable[[], Any]
+    *, ui_port: int, oai_port: int, n_records: int, ui: bool, instance_factory: Callable[[], Any],
+    hub_port: int | None = None,
 ) -> int:
-    """Set everything up, then serve until Ctrl-C (or SIGTERM); returns the exit code."""
+    """Set everything up, then serve until Ctrl-C (or SIGTERM); returns the exit code.
+    With the UI and a `hub_port`, the harvested records are also served over OAI-PMH
+    there (`oaipmh-dagster serve`), for a second harvester to harvest."""
     from oaipmh_dagster.cli.runner import run_harvest_job
 
     signal.signal(signal.SIGTERM, _interrupt)
@@ -291,12 +321,15 @@ def run_demo(
     if ui and port_in_use(ui_port):
         click.echo(_busy("the Dagster UI's", ui_port, "--port", "PORT"), err=True)
         return 1
+    if ui and hub_port and port_in_use(hub_port):
+        click.echo(_busy("the hub's", hub_port, "--hub-port", "HUB_PORT"), err=True)
+        return 1
     dataset = make_dataset(n_records, seed=1)
     invalid = add_invalid_records(dataset)  # for the demo harvester's schema_valid check
     server = _started_server(dataset, oai_port)
     if server is None:
         return 1
-    proc = None
+    proc = hub = None
     try:
         click.echo(f"demo OAI-PMH endpoint: {server.base_url} ({n_records} records, plus "
                    f"{invalid} whose oai_dc the oai_dc schema rejects)")
@@ -316,6 +349,15 @@ def run_demo(
             return 1
         if not ui:
             return 0
+        if hub_port is not None:
+            hub = start_hub(hub_port)
+            hub_url = f"http://127.0.0.1:{hub_port}/oai"
+            if wait_for_hub(hub_url, hub):
+                click.echo(f"hub: {hub_url} serves the harvested records over OAI-PMH "
+                           "(each harvester a set; see README, The hub)")
+            else:
+                click.echo(f"oaipmh-dagster: warning: the hub on port {hub_port} did not "
+                           "start; the demo goes on without it", err=True)
         proc = _dagster_dev(ui_port, home)
         url = f"http://127.0.0.1:{ui_port}"
         click.echo("starting the Dagster UI ...")
@@ -329,4 +371,6 @@ def run_demo(
     finally:
         if proc is not None:
             stop_group(proc)
+        if hub is not None:
+            stop_group(hub)
         server.stop()

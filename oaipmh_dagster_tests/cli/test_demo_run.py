@@ -205,3 +205,42 @@ def test_built_in_instance_yaml_is_the_shipped_one() -> None:
 
     assert yaml.safe_load(demo_run.INSTANCE_YAML) == yaml.safe_load(
         (REPO_ROOT / "dagster.yaml").read_text())
+
+
+def test_busy_hub_port_names_the_option(demo_env: Path, listener: int,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code = demo_run.run_demo(ui_port=_free_port(), oai_port=0, n_records=5, ui=True,
+                             instance_factory=_no_instance, hub_port=listener)
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.count("\n") == 1
+    assert f"port {listener}" in err and "--hub-port" in err and "HUB_PORT=" in err
+
+
+def test_the_demo_hub_serves_what_the_demo_harvested(demo_env: Path) -> None:
+    """The hub the demo starts serves its store; a second harvester harvesting the hub's
+    `demo` set (as the README shows) gets every live record of the demo harvester."""
+    from oaipmh_dagster.harvesting.harvest import harvest
+    from oaipmh_dagster.storage import db
+    from oaipmh_dagster.storage.registry import Harvester, Registry
+    from oaipmh_dagster.storage.store import Store
+
+    with dg.instance_for_test() as instance:
+        assert demo_run.run_demo(ui_port=_free_port(), oai_port=0, n_records=12, ui=False,
+                                 instance_factory=lambda: instance) == 0
+    port = _free_port()
+    hub = demo_run.start_hub(port)
+    try:
+        url = f"http://127.0.0.1:{port}/oai"
+        assert demo_run.wait_for_hub(url, hub, timeout=120)
+        h = Registry(db.get_engine()).add(Harvester(
+            id="from_hub", base_url=url, metadata_prefix="oai_dc", sets=("demo",)))
+        stats = harvest(h, Store(), run_id="hub")
+    finally:
+        demo_run.stop_group(hub)
+    store = Store()
+    demo = [i for i in store.iter_records("demo") if not i["deleted"]]
+    got = [i for i in store.iter_records("from_hub") if not i["deleted"]]
+    assert demo and stats.records >= len(demo)
+    assert sorted(i["oai_identifier"].rsplit(":demo:", 1)[1] for i in got) == sorted(
+        i["oai_identifier"] for i in demo)
