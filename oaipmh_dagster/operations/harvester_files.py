@@ -49,7 +49,7 @@ class FileProblem(OAIPMHDagsterError, ValueError):
     """The file cannot be read as harvesters (one line)."""
 
 
-class _BadValue(ValueError):
+class _BadValue(OAIPMHDagsterError, ValueError):
     """A row's value that does not fit its field."""
 
 
