@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import types
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
-from oaipmh_dagster.storage import db
+from oaipmh_dagster.storage import db, partitions
 from oaipmh_dagster.storage.lease import (
     HEARTBEAT_EVERY,
     KEEP,
@@ -215,6 +216,25 @@ class Store:
         self._postgres = self.engine.dialect.name == "postgresql"
         if self._postgres:
             self._existing = _PG_EXISTING
+        self._partitioned: bool | None = None  # PostgreSQL at 0010: asked once
+        self._partitions: set[str] = set()  # harvesters whose partition exists
+        self._retry_after: dict[str, float] = {}  # a partition whose lock was busy
+
+    def _ensure_partition(self, harvester_id: str) -> None:
+        """Make the harvester's partition before its first page (PostgreSQL): once per
+        store; after a busy lock, again a minute later (its rows go to the DEFAULT
+        partition meanwhile)."""
+        if not self._postgres or harvester_id in self._partitions:
+            return
+        if self._partitioned is None:
+            with self.engine.connect() as conn:
+                self._partitioned = partitions.is_partitioned(conn)
+        if not self._partitioned or time.monotonic() < self._retry_after.get(harvester_id, 0):
+            return
+        if partitions.ensure(self.engine, harvester_id):
+            self._partitions.add(harvester_id)
+        else:
+            self._retry_after[harvester_id] = time.monotonic() + 60
 
     def hashes(self, harvester_id: str, identifiers: Sequence[str]) -> dict[str, str | None]:
         """identifier -> stored content hash, for those of `identifiers` that are stored
@@ -235,6 +255,7 @@ class Store:
         saved one). While this store holds `run_id`'s lease the transaction is fenced:
         `LeaseLost` when another run took it over, and nothing is written."""
         lease = self.leases.held(harvester_id, run_id)
+        self._ensure_partition(harvester_id)
         with self.engine.begin() as conn:
             if self._postgres:
                 # A page need not wait for its WAL flush: a database crash can lose only
@@ -264,12 +285,23 @@ class Store:
                                 clear_checkpoint=False)
 
     def delete_harvester_records(self, harvester_id: str) -> int:
-        """Remove every record and the state of a harvester; returns the record count."""
+        """Remove every record and the state of a harvester; returns the record count.
+        On PostgreSQL its partition is emptied (TRUNCATE: a lock on that table alone) in
+        the transaction that forgets the state, then dropped (`partitions.drop`)."""
+        partitioned = False
         with self.engine.begin() as conn:
-            n = conn.execute(
+            n = 0
+            if self._postgres and partitions.is_partitioned(conn):
+                partitioned = True
+                partitions.lock(conn, harvester_id)
+                n = partitions.truncate_in(conn, harvester_id)
+            n += conn.execute(  # SQLite; rows in the DEFAULT partition on PostgreSQL
                 record_table.delete().where(record_table.c.harvester_id == harvester_id)
             ).rowcount
             Leases.forget_in(conn, harvester_id)
+        if partitioned:
+            self._partitions.discard(harvester_id)
+            partitions.drop(self.engine, harvester_id)
         return n
 
     # -- reads ----------------------------------------------------------------------
