@@ -58,6 +58,13 @@ class Sizes:
     dev_sizes: tuple[int, ...] = (3000,)  # case 11 (+ 10,000 with --shards-10k)
     dev_shards: dict[int, int] = field(default_factory=lambda: {3000: 12})  # else N / per_shard
     compression_records: int = 50_000  # case 14
+    scale_records: int = 100_000  # case 15: the harvester measured
+    store_sizes: tuple[int, ...] = (1_000_000, 3_000_000)  # case 15, each vs an empty one
+    store_layouts: tuple[str, ...] = ("head",)  # case 15 ("0009" too: the one table)
+    scale_repeats: int = 2  # case 15: harvests per store, interleaved with the empty one
+    removal_records: int = 100_000  # case 16: the harvester removed / re-harvested
+    removal_store: int = 1_500_000  # case 16: other harvesters' records
+    rewrites: int = 5  # case 16: full re-harvests that change every record
     aggregator_records: int = 20_000
     aggregator_repeats: int = 3
     load_sizes: tuple[int, ...] = (200, 1000)  # case 12: private vs public builders
@@ -72,7 +79,9 @@ class Sizes:
                    shard_sizes=(100,), per_shard=50, shard_baseline=100, dev_sizes=(100,),
                    cli_records=2_000, cli_repeats=1, aggregator_records=2_000,
                    aggregator_repeats=1, load_sizes=(50,), load_repeats=1,
-                   compression_records=2_000, list_sizes=(200,))
+                   compression_records=2_000, list_sizes=(200,), scale_records=2_000,
+                   store_sizes=(200_000,), removal_records=2_000, removal_store=100_000,
+                   rewrites=2)
 
 
 @dataclass
@@ -573,6 +582,20 @@ def case_compression(b: Bench) -> None:
     run(b)
 
 
+def case_store_scale(b: Bench) -> None:
+    """Case 15 (benchmarks/store_scale.py, which imports this module)."""
+    from benchmarks.store_scale import case_store_scale as run
+
+    run(b)
+
+
+def case_store_removal(b: Bench) -> None:
+    """Case 16 (benchmarks/store_removal.py, which imports this module)."""
+    from benchmarks.store_removal import case_store_removal as run
+
+    run(b)
+
+
 CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
     "1": ("fetch + parse throughput vs Sickle and oaipmh-scythe", case_fetch),
     "2": ("end-to-end harvest throughput (SQLite, PostgreSQL, job)", case_e2e),
@@ -594,6 +617,10 @@ CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
            case_list_state),
     "14": ("record bytes on PostgreSQL: the defaults vs lz4 (migration 0009)",
            case_compression),
+    "15": ("a harvester's costs as the PostgreSQL store grows (partitions, 0010)",
+           case_store_scale),
+    "16": ("removal, and size after full re-harvests, of one harvester (PostgreSQL)",
+           case_store_removal),
 }
 
 
