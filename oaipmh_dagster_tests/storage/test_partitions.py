@@ -164,6 +164,25 @@ def test_rows_in_the_default_partition_move_into_a_new_partition(
 
 
 @pg
+def test_a_busy_table_sends_the_first_pages_to_the_default_partition(
+        pg_engine: sa.Engine) -> None:
+    """While the partition cannot be attached (a lock held elsewhere, past the
+    `lock_timeout`), pages go to the DEFAULT partition; a later store makes the
+    partition and moves them."""
+    with pg_engine.connect() as holder:
+        holder.exec_driver_sql("LOCK TABLE oaipmh_record IN SHARE UPDATE EXCLUSIVE MODE")
+        put(Store(pg_engine), "waits", 3)
+        holder.rollback()
+    assert in_table(pg_engine, partitions.DEFAULT_PARTITION) == 3
+    assert "oaipmh_record_waits" not in attached(pg_engine)
+    store = Store(pg_engine)
+    put(store, "waits", 1)
+    assert in_table(pg_engine, "oaipmh_record_waits") == 3
+    assert in_table(pg_engine, partitions.DEFAULT_PARTITION) == 0
+    assert store.delete_harvester_records("waits") == 3
+
+
+@pg
 def test_concurrent_first_pages_make_one_partition(pg_engine: sa.Engine) -> None:
     errors: list[BaseException] = []
     barrier = threading.Barrier(4)
