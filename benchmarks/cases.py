@@ -59,7 +59,7 @@ class Sizes:
     dev_shards: dict[int, int] = field(default_factory=lambda: {3000: 12})  # else N / per_shard
     compression_records: int = 50_000  # case 14
     scale_records: int = 100_000  # case 15: the harvester measured
-    store_sizes: tuple[int, ...] = (1_000_000, 3_000_000)  # case 15, each vs an empty one
+    store_sizes: tuple[int, ...] = (1_000_000, 10_000_000)  # case 15, each vs an empty one
     store_layouts: tuple[str, ...] = ("head",)  # case 15 ("0009" too: the one table)
     scale_repeats: int = 2  # case 15: harvests per store, interleaved with the empty one
     removal_records: int = 100_000  # case 16: the harvester removed / re-harvested

@@ -76,7 +76,45 @@ def fill_others(engine: Any, total: int) -> float:
         fill(engine, f"other_{k // PER_HARVESTER:05d}", min(PER_HARVESTER, total - k))
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("VACUUM ANALYZE"))
+        conn.execute(sa.text("CHECKPOINT"))  # the fill's pages written out, not later
     return time.perf_counter() - t0
+
+
+# The store's queries of one harvester, as it sends them (psycopg2 binds values on the
+# client, so the server plans them with the harvester id as a constant).
+QUERIES = {
+    "hashes (500 ids)": (
+        "SELECT v.id, r.content_hash FROM unnest(ARRAY(SELECT 'oai:{h}:' || "
+        "lpad(CAST(i AS text), 9, '0') FROM generate_series(40001, 40500) AS i)) AS v(id) "
+        "CROSS JOIN LATERAL (SELECT content_hash FROM oaipmh_record WHERE harvester_id = "
+        "'{h}' AND oai_identifier = v.id LIMIT 1) AS r"),
+    "records batch (1,000)": (
+        "SELECT oai_identifier, datestamp, deleted, sets, metadata, errors FROM "
+        "oaipmh_record WHERE harvester_id = '{h}' AND oai_identifier > 'oai:{h}:000050000' "
+        "ORDER BY oai_identifier LIMIT 1000"),
+    "count live": ("SELECT count(*) FROM oaipmh_record WHERE harvester_id = '{h}' AND NOT "
+                   "deleted"),
+    "since window": ("SELECT count(*) FROM oaipmh_record WHERE harvester_id = '{h}' AND "
+                     "datestamp >= '2020-01-02T00:00:00Z'"),
+}
+
+
+def query_buffers(engine: Any, harvester_id: str) -> dict[str, dict[str, float]]:
+    """Shared buffers each store query touches (hit + read: what it costs, whatever
+    the machine's load) and its planning time in ms, from EXPLAIN (ANALYZE, BUFFERS)."""
+    import sqlalchemy as sa
+
+    out = {}
+    with engine.connect() as conn:
+        for name, sql in QUERIES.items():
+            conn.exec_driver_sql(sql.format(h=harvester_id)).all()  # warm
+            plan = conn.execute(sa.text(
+                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.format(h=harvester_id)
+            )).scalar_one()[0]
+            top = plan["Plan"]
+            out[name] = {"buffers": top["Shared Hit Blocks"] + top["Shared Read Blocks"],
+                         "planning_ms": plan["Planning Time"]}
+    return out
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -129,13 +167,18 @@ def measure(urls: dict[str, str], layout: str, size: int, server_url: str, recor
     def note(key: str, op: str, seconds: float) -> None:
         times[key].setdefault(op, []).append(seconds)
 
+    def order(rep: int) -> list[str]:
+        """Which store goes first alternates: the second of a pair runs warmer."""
+        keys = list(urls)
+        return keys if rep % 2 == 0 else keys[::-1]
+
     for rep in range(repeats):
-        for key in urls:
+        for key in order(rep):
             note(key, "first_harvest", run(key, f"bench_{rep}"))
         for key in urls:
             out[key].setdefault("bytes_after_first", partition_bytes(key))
     for rep in range(repeats):
-        for key in urls:
+        for key in order(rep):
             note(key, "reharvest", run(key, f"bench_{rep}"))
         for key in urls:
             out[key].setdefault("bytes_after_reharvest", partition_bytes(key))
@@ -151,10 +194,12 @@ def measure(urls: dict[str, str], layout: str, size: int, server_url: str, recor
         note(key, "export", _timed(lambda: export(store, "bench_0", "jsonl", path)))
         note(key, "profile", _timed(lambda: profile_store(store, "bench_0")))
 
-    for _ in range(max(repeats, 3)):
-        for key in urls:
+    for rep in range(max(repeats, 4)):
+        for key in order(rep):
             reads(key)
     path.unlink(missing_ok=True)
+    for key in urls:
+        out[key]["buffers"] = query_buffers(stores[key].engine, "bench_0")
     for key in urls:
         out[key].update({op: min(ts) for op, ts in times[key].items()})
         out[key]["tries"] = times[key]
@@ -166,6 +211,26 @@ def measure(urls: dict[str, str], layout: str, size: int, server_url: str, recor
 OPS = (("first_harvest", "first harvest"), ("reharvest", "unchanged re-harvest"),
        ("records_limit", "records --limit 100"), ("export", "export jsonl"),
        ("profile", "profile"), ("state", "state lookup"))
+
+
+def buffers_main(sizes: list[int], layouts: list[str], n: int = PER_HARVESTER) -> None:
+    """`python -m benchmarks.store_scale SIZE[,SIZE] [LAYOUT,...]`: only the buffers each
+    store query touches, `n` generated records of `bench_0` in stores of SIZE others."""
+    import json
+
+    from oaipmh_dagster.storage import db
+
+    for layout in layouts:
+        for size in sizes:
+            with postgres_database() as url:
+                engine = db.get_engine(url, migrate=False)
+                db.upgrade(engine, layout)
+                fill(engine, "bench_0", n)
+                fill_others(engine, size)
+                print(json.dumps({"layout": layout, "size": size,
+                                  "buffers": query_buffers(engine, "bench_0")}), flush=True)
+                engine.dispose()
+                db.dispose_all()
 
 
 def case_store_scale(b: Bench) -> None:
@@ -199,6 +264,22 @@ def case_store_scale(b: Bench) -> None:
                 f"ms, state {base['state'] * 1000:.1f} ms",
                 f"<= x{TARGET}", "ok" if worst <= TARGET else "MISS",
                 values={"ratios": ratios, "point": point, "base": base}))
+            if "buffers" in point:
+                b.add(Row("15", f"buffers per store query, store of {point['size']:,} vs "
+                          f"empty ({layout})", ", ".join(
+                              f"{q} {point['buffers'][q]['buffers']} vs "
+                              f"{base['buffers'][q]['buffers']}" for q in QUERIES),
+                          "planning " + ", ".join(
+                              f"{point['buffers'][q]['planning_ms']:.2f} vs "
+                              f"{base['buffers'][q]['planning_ms']:.2f} ms" for q in QUERIES),
+                          values={"sized": point["buffers"], "base": base["buffers"]}))
             b.raw["store_scale"]["ratios"] = {
                 f"{layout}@{p['sized']['size']}": {k: p["sized"][k] / p["base"][k]
                                                    for k, _ in OPS} for p in pairs}
+
+
+if __name__ == "__main__":
+    import sys
+
+    buffers_main([int(x) for x in sys.argv[1].split(",")],
+                 sys.argv[2].split(",") if len(sys.argv) > 2 else ["head"])
