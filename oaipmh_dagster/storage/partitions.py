@@ -48,6 +48,8 @@ PARTITION_OPTIONS = (
 )
 _READABLE = re.compile(r"^[a-z0-9][a-z0-9_]{0,47}$")  # the registry's harvester ids
 _ADVISORY = 7262013  # first key of the per-harvester advisory lock (db.py uses 7262012)
+VACUUM_SHARE = 0.2  # `vacuum`: rows replaced, as a share of the partition's rows
+VACUUM_MIN_ROWS = 1000
 LOCK_TIMEOUT_MS = 250  # how long the DROP of a removed partition waits for its lock
 DROP_TRIES = 8
 
@@ -196,3 +198,32 @@ def drop(engine: Engine, harvester_id: str, *, tries: int = DROP_TRIES) -> bool:
     log.warning("the emptied partition of harvester %s stays (its lock was busy)",
                 harvester_id)
     return False
+
+
+def vacuum(engine: Engine, harvester_id: str, *, rewritten: int) -> bool:
+    """VACUUM (and ANALYZE) the harvester's partition if `rewritten` rows (replaced since
+    its last vacuum) are at least `VACUUM_SHARE` of it and `VACUUM_MIN_ROWS`: a lock that
+    blocks neither reads nor writes, on that partition alone; skipped when another
+    vacuum holds it. True when it ran."""
+    if rewritten < VACUUM_MIN_ROWS:
+        return False
+    with engine.connect() as conn:
+        if not is_partitioned(conn) or not exists(conn, harvester_id):
+            return False
+        name = _quote(conn, partition_name(harvester_id))
+        rows = conn.execute(sa.text("SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = "
+                                    "to_regclass(:p)"), {"p": name}).scalar_one()
+        conn.rollback()
+        if rewritten < VACUUM_SHARE * rows:
+            return False
+        conn.execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            conn.exec_driver_sql(f"SET lock_timeout = '{4 * LOCK_TIMEOUT_MS}ms'")
+            conn.exec_driver_sql(f"VACUUM (ANALYZE) {name}")
+        except sa.exc.OperationalError as exc:
+            if getattr(exc.orig, "pgcode", None) != "55P03":
+                raise
+            return False
+        finally:
+            conn.exec_driver_sql("RESET lock_timeout")
+    return True

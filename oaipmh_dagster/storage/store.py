@@ -133,6 +133,8 @@ class SQLPageWrite:
         self.harvester_id = harvester_id
         self._upsert = upsert
         self._existing = existing
+        self._stored: set[str] = set()  # identifiers `hashes` found stored
+        self.rewritten = 0  # stored rows this transaction replaced (see `Store.release`)
 
     def hashes(self, identifiers: Sequence[str]) -> dict[str, str | None]:
         """identifier -> stored content hash, for those of `identifiers` that are stored."""
@@ -140,13 +142,16 @@ class SQLPageWrite:
             return {}
         found = self.conn.execute(self._existing, {"h": self.harvester_id,
                                                    "ids": list(identifiers)})
-        return {identifier: digest for identifier, digest in found}
+        out = {identifier: digest for identifier, digest in found}
+        self._stored.update(out)
+        return out
 
     def upsert(self, rows: Sequence[dict[str, Any]]) -> None:
         """Insert or replace whole rows (JSON columns already serialized as text: see
         `WRITE_COLUMNS`)."""
         if not rows:
             return
+        self.rewritten += sum(1 for r in rows if r["oai_identifier"] in self._stored)
         if self.conn.dialect.driver == "psycopg2":
             from psycopg2.extras import execute_values
 
@@ -176,6 +181,7 @@ class SQLPageWrite:
         violations) loses its content hash, so the next harvest writes it again."""
         if not updates:
             return
+        self.rewritten += len(updates)
         c = record_table.c
         self.conn.execute(
             record_table.update()
@@ -219,6 +225,7 @@ class Store:
         self._partitioned: bool | None = None  # PostgreSQL at 0010: asked once
         self._partitions: set[str] = set()  # harvesters whose partition exists
         self._retry_after: dict[str, float] = {}  # a partition whose lock was busy
+        self._rewritten: dict[str, int] = {}  # harvester -> rows replaced since its vacuum
 
     def _ensure_partition(self, harvester_id: str) -> None:
         """Make the harvester's partition before its first page (PostgreSQL): once per
@@ -266,7 +273,22 @@ class Store:
                 self.leases.fence(conn, lease, KEEP if checkpoint is None else checkpoint)
             elif checkpoint is not None:
                 self.leases.save_checkpoint_in(conn, harvester_id, run_id, checkpoint)
-            yield SQLPageWrite(conn, harvester_id, self._upsert, self._existing)
+            page = SQLPageWrite(conn, harvester_id, self._upsert, self._existing)
+            yield page
+        self._note_rewrites(harvester_id, page.rewritten)
+
+    def _note_rewrites(self, harvester_id: str, n: int) -> None:
+        if n and harvester_id in self._partitions:
+            self._rewritten[harvester_id] = self._rewritten.get(harvester_id, 0) + n
+
+    def _vacuum_if_rewritten(self, harvester_id: str) -> None:
+        """VACUUM the harvester's partition when this store replaced at least
+        `partitions.VACUUM_SHARE` of its rows: a harvest that rewrote it (a full re-harvest
+        of changed records) leaves the space of the old versions ready for the next one,
+        instead of waiting for autovacuum (PostgreSQL; see `partitions.vacuum`)."""
+        n = self._rewritten.pop(harvester_id, 0)
+        if n:
+            partitions.vacuum(self.engine, harvester_id, rewritten=n)
 
     @contextmanager
     def holding(
@@ -522,6 +544,7 @@ class Store:
                             harvested_at=_now(), run_id=run_id, transformed_at=None,
                             content_hash=None)
                 ).rowcount
+        self._note_rewrites(harvester_id, changed)
         return changed
 
     # -- lease and checkpoint ---------------------------------------------------------
@@ -556,6 +579,7 @@ class Store:
         run that lost its lease changes nothing."""
         self.leases.release(harvester_id, run_id, status="succeeded" if succeeded else "failed",
                             clear_checkpoint=succeeded, restore=keep, selection=selection)
+        self._vacuum_if_rewritten(harvester_id)
 
     def state(self, harvester_id: str) -> dict[str, Any] | None:
         """The harvest state row of a harvester (None before its first harvest)."""
