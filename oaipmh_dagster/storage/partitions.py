@@ -51,7 +51,7 @@ _ADVISORY = 7262013  # first key of the per-harvester advisory lock (db.py uses 
 VACUUM_SHARE = 0.2  # `vacuum`: rows replaced, as a share of the partition's rows
 VACUUM_MIN_ROWS = 1000
 LOCK_TIMEOUT_MS = 250  # how long the DROP of a removed partition waits for its lock
-DROP_TRIES = 8
+DROP_TRIES = 4  # at most about 1.5 s in all
 
 
 def options_sql() -> str:
