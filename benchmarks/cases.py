@@ -58,6 +58,13 @@ class Sizes:
     dev_sizes: tuple[int, ...] = (3000,)  # case 11 (+ 10,000 with --shards-10k)
     dev_shards: dict[int, int] = field(default_factory=lambda: {3000: 12})  # else N / per_shard
     compression_records: int = 50_000  # case 14
+    scale_records: int = 100_000  # case 15: the harvester measured
+    store_sizes: tuple[int, ...] = (1_000_000, 10_000_000)  # case 15, each vs an empty one
+    store_layouts: tuple[str, ...] = ("head",)  # case 15 ("0009" too: the one table)
+    scale_repeats: int = 2  # case 15: harvests per store, interleaved with the empty one
+    removal_records: int = 100_000  # case 16: the harvester removed / re-harvested
+    removal_store: int = 1_500_000  # case 16: other harvesters' records
+    rewrites: int = 5  # case 16: full re-harvests that change every record
     aggregator_records: int = 20_000
     aggregator_repeats: int = 3
     load_sizes: tuple[int, ...] = (200, 1000)  # case 12: private vs public builders
@@ -77,7 +84,9 @@ class Sizes:
                    cli_records=2_000, cli_repeats=1, aggregator_records=2_000,
                    aggregator_repeats=1, load_sizes=(50,), load_repeats=1,
                    compression_records=2_000, list_sizes=(200,), serve_store=20_000,
-                   serve_records=5_000, frames_records=20_000, frames_batches=(1_000,))
+                   serve_records=5_000, frames_records=20_000, frames_batches=(1_000,),
+                   scale_records=2_000, store_sizes=(200_000,), removal_records=2_000,
+                   removal_store=100_000, rewrites=2)
 
 
 @dataclass
@@ -585,6 +594,13 @@ def case_bulk_import(b: Bench) -> None:
     run(b)
 
 
+def case_store_scale(b: Bench) -> None:
+    """Case 15 (benchmarks/store_scale.py, which imports this module)."""
+    from benchmarks.store_scale import case_store_scale as run
+
+    run(b)
+
+
 def case_serve(b: Bench) -> None:
     """Case 17 (benchmarks/serve.py, which imports this module)."""
     from benchmarks.serve import case_serve as run
@@ -595,6 +611,13 @@ def case_serve(b: Bench) -> None:
 def case_downstream(b: Bench) -> None:
     """Case 18 (benchmarks/downstream.py, which imports this module)."""
     from benchmarks.downstream import case_downstream as run
+
+    run(b)
+
+
+def case_store_removal(b: Bench) -> None:
+    """Case 16 (benchmarks/store_removal.py, which imports this module)."""
+    from benchmarks.store_removal import case_store_removal as run
 
     run(b)
 
@@ -626,6 +649,10 @@ CASES: dict[str, tuple[str, Callable[[Bench], None]]] = {
            case_bulk_import),
     "18": ("downstream asset input at 1,000,000 records: whole DataFrame vs batches",
            case_downstream),
+    "15": ("a harvester's costs as the PostgreSQL store grows (partitions, 0010)",
+           case_store_scale),
+    "16": ("removal, and size after full re-harvests, of one harvester (PostgreSQL)",
+           case_store_removal),
 }
 
 

@@ -77,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
                         "(comma-separated; K: 12 at 3,000, else N / per-shard)")
     parser.add_argument("--list-sizes", help="case 13 at these harvester counts instead "
                         "(comma-separated, e.g. 1000,10000)")
+    parser.add_argument("--store-sizes", help="case 15 at these store sizes (records of "
+                        "other harvesters, comma-separated, e.g. 1000000,10000000)")
+    parser.add_argument("--store-layouts", help="case 15 on these schema revisions "
+                        "(comma-separated: head, 0009)")
     parser.add_argument("--per-shard", type=int, help="case 6: harvesters per location "
                         "(K = ceil(N / per-shard))")
     parser.add_argument("--no-scheduler", action="store_true",
@@ -99,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         sizes.dev_sizes = tuple(int(x) for x in args.dev_sizes.split(","))
     if args.list_sizes:
         sizes.list_sizes = tuple(int(x) for x in args.list_sizes.split(","))
+    if args.store_sizes:
+        sizes.store_sizes = tuple(int(x) for x in args.store_sizes.split(","))
+    if args.store_layouts:
+        sizes.store_layouts = tuple(x.strip() for x in args.store_layouts.split(","))
     if args.per_shard:
         sizes.per_shard = args.per_shard
     if args.no_scheduler:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import types
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
-from oaipmh_dagster.storage import db
+from oaipmh_dagster.storage import db, partitions
 from oaipmh_dagster.storage.lease import (
     HEARTBEAT_EVERY,
     KEEP,
@@ -133,6 +134,8 @@ class SQLPageWrite:
         self.harvester_id = harvester_id
         self._upsert = upsert
         self._existing = existing
+        self._stored: set[str] = set()  # identifiers `hashes` found stored
+        self.rewritten = 0  # stored rows this transaction replaced (see `Store.release`)
 
     def hashes(self, identifiers: Sequence[str]) -> dict[str, str | None]:
         """identifier -> stored content hash, for those of `identifiers` that are stored."""
@@ -140,13 +143,16 @@ class SQLPageWrite:
             return {}
         found = self.conn.execute(self._existing, {"h": self.harvester_id,
                                                    "ids": list(identifiers)})
-        return {identifier: digest for identifier, digest in found}
+        out = {identifier: digest for identifier, digest in found}
+        self._stored.update(out)
+        return out
 
     def upsert(self, rows: Sequence[dict[str, Any]]) -> None:
         """Insert or replace whole rows (JSON columns already serialized as text: see
         `WRITE_COLUMNS`)."""
         if not rows:
             return
+        self.rewritten += sum(1 for r in rows if r["oai_identifier"] in self._stored)
         if self.conn.dialect.driver == "psycopg2":
             from psycopg2.extras import execute_values
 
@@ -176,6 +182,7 @@ class SQLPageWrite:
         violations) loses its content hash, so the next harvest writes it again."""
         if not updates:
             return
+        self.rewritten += len(updates)
         c = record_table.c
         self.conn.execute(
             record_table.update()
@@ -216,6 +223,26 @@ class Store:
         self._postgres = self.engine.dialect.name == "postgresql"
         if self._postgres:
             self._existing = _PG_EXISTING
+        self._partitioned: bool | None = None  # PostgreSQL at 0010: asked once
+        self._partitions: set[str] = set()  # harvesters whose partition exists
+        self._retry_after: dict[str, float] = {}  # a partition whose lock was busy
+        self._rewritten: dict[str, int] = {}  # harvester -> rows replaced since its vacuum
+
+    def _ensure_partition(self, harvester_id: str) -> None:
+        """Make the harvester's partition before its first page (PostgreSQL): once per
+        store; after a busy lock, again a minute later (its rows go to the DEFAULT
+        partition meanwhile)."""
+        if not self._postgres or harvester_id in self._partitions:
+            return
+        if self._partitioned is None:
+            with self.engine.connect() as conn:
+                self._partitioned = partitions.is_partitioned(conn)
+        if not self._partitioned or time.monotonic() < self._retry_after.get(harvester_id, 0):
+            return
+        if partitions.ensure(self.engine, harvester_id):
+            self._partitions.add(harvester_id)
+        else:
+            self._retry_after[harvester_id] = time.monotonic() + 60
 
     def hashes(self, harvester_id: str, identifiers: Sequence[str]) -> dict[str, str | None]:
         """identifier -> stored content hash, for those of `identifiers` that are stored
@@ -236,6 +263,7 @@ class Store:
         saved one). While this store holds `run_id`'s lease the transaction is fenced:
         `LeaseLost` when another run took it over, and nothing is written."""
         lease = self.leases.held(harvester_id, run_id)
+        self._ensure_partition(harvester_id)
         with self.engine.begin() as conn:
             if self._postgres:
                 # A page need not wait for its WAL flush: a database crash can lose only
@@ -246,7 +274,22 @@ class Store:
                 self.leases.fence(conn, lease, KEEP if checkpoint is None else checkpoint)
             elif checkpoint is not None:
                 self.leases.save_checkpoint_in(conn, harvester_id, run_id, checkpoint)
-            yield SQLPageWrite(conn, harvester_id, self._upsert, self._existing)
+            page = SQLPageWrite(conn, harvester_id, self._upsert, self._existing)
+            yield page
+        self._note_rewrites(harvester_id, page.rewritten)
+
+    def _note_rewrites(self, harvester_id: str, n: int) -> None:
+        if n and harvester_id in self._partitions:
+            self._rewritten[harvester_id] = self._rewritten.get(harvester_id, 0) + n
+
+    def _vacuum_if_rewritten(self, harvester_id: str) -> None:
+        """VACUUM the harvester's partition when this store replaced at least
+        `partitions.VACUUM_SHARE` of its rows: a harvest that rewrote it (a full re-harvest
+        of changed records) leaves the space of the old versions ready for the next one,
+        instead of waiting for autovacuum (PostgreSQL; see `partitions.vacuum`)."""
+        n = self._rewritten.pop(harvester_id, 0)
+        if n:
+            partitions.vacuum(self.engine, harvester_id, rewritten=n)
 
     @contextmanager
     def holding(
@@ -265,12 +308,23 @@ class Store:
                                 clear_checkpoint=False)
 
     def delete_harvester_records(self, harvester_id: str) -> int:
-        """Remove every record and the state of a harvester; returns the record count."""
+        """Remove every record and the state of a harvester; returns the record count.
+        On PostgreSQL its partition is emptied (TRUNCATE: a lock on that table alone) in
+        the transaction that forgets the state, then dropped (`partitions.drop`)."""
+        partitioned = False
         with self.engine.begin() as conn:
-            n = conn.execute(
+            n = 0
+            if self._postgres and partitions.is_partitioned(conn):
+                partitioned = True
+                partitions.lock(conn, harvester_id)
+                n = partitions.truncate_in(conn, harvester_id)
+            n += conn.execute(  # SQLite; rows in the DEFAULT partition on PostgreSQL
                 record_table.delete().where(record_table.c.harvester_id == harvester_id)
             ).rowcount
             Leases.forget_in(conn, harvester_id)
+        if partitioned:
+            self._partitions.discard(harvester_id)
+            partitions.drop(self.engine, harvester_id)
         return n
 
     # -- reads ----------------------------------------------------------------------
@@ -492,6 +546,7 @@ class Store:
                             harvested_at=_now(), run_id=run_id, transformed_at=None,
                             content_hash=None)
                 ).rowcount
+        self._note_rewrites(harvester_id, changed)
         return changed
 
     # -- lease and checkpoint ---------------------------------------------------------
@@ -526,6 +581,7 @@ class Store:
         run that lost its lease changes nothing."""
         self.leases.release(harvester_id, run_id, status="succeeded" if succeeded else "failed",
                             clear_checkpoint=succeeded, restore=keep, selection=selection)
+        self._vacuum_if_rewritten(harvester_id)
 
     def state(self, harvester_id: str) -> dict[str, Any] | None:
         """The harvest state row of a harvester (None before its first harvest)."""

@@ -5,13 +5,13 @@ page is then an index range scan that starts at the position, however deep in th
 list, instead of a sort of the whole selection.
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 """
 
 from alembic import op
 
 revision = "0011"
-down_revision = "0009"
+down_revision = "0010"
 
 CHANGED = "ix_oaipmh_record_changed"
 HARVESTER_CHANGED = "ix_oaipmh_record_harvester_changed"
