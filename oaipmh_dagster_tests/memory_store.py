@@ -294,7 +294,7 @@ class MemoryStore:
                     row = rows.get(identifier)
                     if row is None or row["deleted"]:
                         continue
-                    row.update(deleted=True, raw_xml=None, metadata=None, errors=error,
+                    row.update(deleted=True, raw_xml=None, metadata=None, about=None, errors=error,
                                harvested_at=datetime.now(UTC), run_id=run_id,
                                transformed_at=None, content_hash=None)
                     changed += 1
@@ -386,4 +386,5 @@ def _item(row: dict[str, Any], with_raw: bool) -> dict[str, Any]:
     }
     if with_raw:
         item["raw_xml"] = row["raw_xml"]
+        item["about"] = list(row.get("about") or [])
     return item

@@ -135,8 +135,9 @@ def _parse_error(rec: Any) -> list[dict[str, Any]]:
 
 
 def _content_hash(produced: bytes, datestamp: str, deleted: bool, sets: bytes,
-                  metadata: bytes | None) -> str:
-    """What a record's stored row was made from, in 32 hex digits."""
+                  metadata: bytes | None, about: tuple[bytes, ...] = ()) -> str:
+    """What a record's stored row was made from, in 32 hex digits (a record without
+    about blocks hashes as before they were stored)."""
     h = hashlib.blake2b(produced, digest_size=16)
     h.update(b"\x1fD" if deleted else b"\x1fL")
     h.update(datestamp.encode())
@@ -145,6 +146,9 @@ def _content_hash(produced: bytes, datestamp: str, deleted: bool, sets: bytes,
     if metadata is not None:
         h.update(b"\x1f")
         h.update(metadata)
+    for block in about:
+        h.update(b"\x1fA")
+        h.update(block)
     return h.hexdigest()
 
 
@@ -270,6 +274,7 @@ class _Key:
     errors: list[dict[str, str]]
     sets_json: str
     digest: str
+    about_json: str | None = None  # the about blocks as stored JSON; None: none
 
 
 def _key(rec: HarvestRecord, produced: bytes) -> _Key:
@@ -277,8 +282,12 @@ def _key(rec: HarvestRecord, produced: bytes) -> _Key:
     datestamp, errors = _store_datestamp(header)
     sets_json, sets_key = _sets(tuple(header.set_specs))
     metadata = None if header.deleted else rec.metadata
+    about: tuple[bytes, ...] = () if header.deleted else tuple(getattr(rec, "about", ()) or ())
+    about_json = json.dumps([b.decode("utf-8") for b in about],
+                            ensure_ascii=False) if about else None
     return _Key(datestamp, errors, sets_json,
-                _content_hash(produced, datestamp, header.deleted, sets_key, metadata))
+                _content_hash(produced, datestamp, header.deleted, sets_key, metadata, about),
+                about_json)
 
 
 def _transform_page(transform: Transform | None, latest: dict[str, HarvestRecord],
@@ -375,6 +384,7 @@ def _row(
         "run_id": run_id,
         "transformed_at": live.transformed_at,
         "content_hash": live.digest,
+        "about": key.about_json,
     }
 
 

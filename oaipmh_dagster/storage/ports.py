@@ -38,7 +38,7 @@ IDENTIFIER_MAX = 1024  # characters of oai_identifier
 DATESTAMP_MAX = 32  # characters of datestamp
 # Stored for a datestamp that cannot be read: it sorts before every real datestamp.
 DATESTAMP_PLACEHOLDER = "0000-01-01T00:00:00Z"
-WRITE_COLUMNS = ("sets", "metadata", "errors")  # JSON columns an upsert gets as JSON text
+WRITE_COLUMNS = ("sets", "metadata", "errors", "about")  # JSON columns an upsert gets as JSON text
 # The error types of a schema violation and of a failed Schematron assertion (the record
 # is kept: no failure).
 VALIDATION_ERRORS = (SCHEMA_ERROR, SCHEMATRON_ERROR)

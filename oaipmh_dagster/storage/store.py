@@ -72,6 +72,8 @@ record_table = sa.Table(
     sa.Column("transformed_at", sa.DateTime(timezone=True), nullable=True),
     # NULL: unknown (rows from before 0004, failed transforms): rewritten next time.
     sa.Column("content_hash", sa.String(32), nullable=True),
+    # The record's <about> blocks (provenance, rights) as XML texts; NULL: none (0012).
+    sa.Column("about", JSON, nullable=True),
 )
 
 # The same table for the write path: JSON columns (`WRITE_COLUMNS`) typed as text,
@@ -84,7 +86,7 @@ _record_write = sa.Table(
                 primary_key=c.primary_key) for c in record_table.columns),
 )
 _UPDATED_COLUMNS = ("datestamp", "deleted", "sets", "raw_xml", "metadata", "errors",
-                    "harvested_at", "run_id", "transformed_at", "content_hash")
+                    "harvested_at", "run_id", "transformed_at", "content_hash", "about")
 
 
 _COLUMNS = tuple(c.name for c in record_table.columns)
@@ -158,7 +160,7 @@ class SQLPageWrite:
 
             cursor = self.conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
             try:
-                execute_values(cursor, _PG_UPSERT, [tuple(r[c] for c in _COLUMNS) for r in rows],
+                execute_values(cursor, _PG_UPSERT, [tuple(r.get(c) for c in _COLUMNS) for r in rows],
                                page_size=UPSERT_ROWS)
             finally:
                 cursor.close()
@@ -471,7 +473,7 @@ class Store:
         cols = [c.oai_identifier, c.datestamp, c.deleted, c.sets, c.metadata, c.errors,
                 c.harvested_at, c.run_id]
         if with_raw:
-            cols.append(c.raw_xml)
+            cols += [c.raw_xml, c.about]
         last = ""
         while True:
             q = (sa.select(*cols)
@@ -496,6 +498,7 @@ class Store:
                 }
                 if with_raw:
                     item["raw_xml"] = row["raw_xml"]
+                    item["about"] = list(row["about"] or [])
                 yield item
             last = rows[-1]["oai_identifier"]
 
@@ -542,8 +545,8 @@ class Store:
                     record_table.update()
                     .where(c.harvester_id == harvester_id, c.deleted.is_(False),
                            c.oai_identifier.in_(ids[i:i + batch]))
-                    .values(deleted=True, raw_xml=None, metadata=sa.null(), errors=error,
-                            harvested_at=_now(), run_id=run_id, transformed_at=None,
+                    .values(deleted=True, raw_xml=None, metadata=sa.null(), about=sa.null(),
+                            errors=error, harvested_at=_now(), run_id=run_id, transformed_at=None,
                             content_hash=None)
                 ).rowcount
         self._note_rewrites(harvester_id, changed)

@@ -174,7 +174,7 @@ def test_iter_records_of_a_selection(store: Any) -> None:
     assert first == {"oai_identifier": "a", "datestamp": "2024-01-01T00:00:00Z",
                      "deleted": False, "sets": ["s1"], "metadata": {"title": "a"},
                      "errors": [], "harvested_at": "2024-05-06T07:08:09Z", "run_id": "r1",
-                     "raw_xml": "<x>a</x>"}
+                     "raw_xml": "<x>a</x>", "about": []}
     assert "raw_xml" not in next(store.iter_records(H))
     assert next(store.iter_records(H, Selection(deleted=True)))["metadata"] is None
 
