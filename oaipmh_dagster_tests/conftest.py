@@ -447,3 +447,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                 + ", ".join(missing))
     rank = {module: i for i, module in enumerate(RUN_FIRST)}
     items.sort(key=lambda item: rank.get(modules[item.nodeid], len(RUN_FIRST)))
+
+
+@pytest.fixture
+def reloads(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The code-location reloads asked for, each answered as done (no webserver is
+    asked): `operations/test_bulk.py`, `defs/test_manage_import.py`."""
+    from oaipmh_dagster.operations import reload
+
+    calls: list[dict[str, Any]] = []
+
+    def fake(**kwargs: Any) -> tuple[bool, str]:
+        calls.append(kwargs)
+        return True, f"reloaded for {kwargs['harvester_id']}"
+
+    monkeypatch.setattr(reload, "reload_code_location", fake)
+    return calls

@@ -5,7 +5,6 @@ actions' run config unchanged."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import dagster as dg
 import pytest
@@ -28,21 +27,6 @@ def server() -> Iterator[OAIServer]:
     srv = OAIServer(make_dataset(7, seed=3, sets=3), page_size=5).start()
     yield srv
     srv.stop()
-
-
-@pytest.fixture
-def reloads(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """The reloads asked for (each answered as done)."""
-    from oaipmh_dagster.operations import reload
-
-    calls: list[dict[str, Any]] = []
-
-    def fake(**kwargs: Any) -> tuple[bool, str]:
-        calls.append(kwargs)
-        return True, f"reloaded for {kwargs['harvester_id']}"
-
-    monkeypatch.setattr(reload, "reload_code_location", fake)
-    return calls
 
 
 def test_import_adds_and_updates_in_one_run(database_url: str, instance: dg.DagsterInstance,

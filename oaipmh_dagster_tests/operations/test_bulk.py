@@ -33,21 +33,6 @@ def server() -> Iterator[OAIServer]:
     srv.stop()
 
 
-@pytest.fixture
-def reloads(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """The reloads asked for (each answered as done)."""
-    from oaipmh_dagster.operations import reload
-
-    calls: list[dict[str, Any]] = []
-
-    def fake(**kwargs: Any) -> tuple[bool, str]:
-        calls.append(kwargs)
-        return True, f"reloaded for {kwargs['harvester_id']}"
-
-    monkeypatch.setattr(reload, "reload_code_location", fake)
-    return calls
-
-
 def rows(*items: dict[str, Any]) -> list[Row]:
     return [Row(n, f"row {n}", item) for n, item in enumerate(items, 1)]
 
