@@ -41,7 +41,7 @@ class Sizes:
     fetch_records: int = 20_000
     fetch_repeats: int = 3
     e2e_records: int = 20_000
-    cli_records: int = 60_000
+    cli_records: int = 500_000  # case 7 (#26; #16 measured it at 60,000)
     cli_repeats: int = 2
     latency_records: int = 50_000
     latency: float = 0.1

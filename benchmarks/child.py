@@ -327,9 +327,9 @@ def job(args: dict[str, Any]) -> dict[str, Any]:
 
 def sickle_harvest(args: dict[str, Any]) -> dict[str, Any]:
     records, close = _records("sickle", args["url"], args.get("prefix", "oai_dc"))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     n, _ = _touch("sickle", records)
-    return {"records": n, "seconds": time.perf_counter() - t0}
+    return {"records": n, "seconds": time.perf_counter() - t0, "cpu": _cpu() - c0}
 
 
 # -- definitions ---------------------------------------------------------------------------

@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
                         "other harvesters, comma-separated, e.g. 1000000,10000000)")
     parser.add_argument("--store-layouts", help="case 15 on these schema revisions "
                         "(comma-separated: head, 0009)")
+    parser.add_argument("--cli-records", type=int, help="case 7 at this many records "
+                        "(default 500,000)")
     parser.add_argument("--per-shard", type=int, help="case 6: harvesters per location "
                         "(K = ceil(N / per-shard))")
     parser.add_argument("--no-scheduler", action="store_true",
@@ -107,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         sizes.store_sizes = tuple(int(x) for x in args.store_sizes.split(","))
     if args.store_layouts:
         sizes.store_layouts = tuple(x.strip() for x in args.store_layouts.split(","))
+    if args.cli_records:
+        sizes.cli_records = args.cli_records
     if args.per_shard:
         sizes.per_shard = args.per_shard
     if args.no_scheduler:

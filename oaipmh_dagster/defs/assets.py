@@ -456,7 +456,8 @@ def records_metadata(store: RecordStore, h: Harvester, counts: dict, *, run_id: 
     totals = store.counts(h.id)
     coverage = _carried_coverage(previous, totals["live"])
     if coverage is None:
-        profile = profile_store(store, h.id, max_records=ASSET_MAX_RECORDS)
+        profile = profile_store(store, h.id, max_records=ASSET_MAX_RECORDS,
+                                live=totals["live"])
         coverage = {
             "coverage": dg.MetadataValue.json(profile.coverage()),
             "coverage_table": dg.MetadataValue.md(coverage_markdown(profile)),

@@ -119,12 +119,13 @@ def evaluate_checks(instance: dg.DagsterInstance, oaipmh_db: OAIPMHDatabase,
 def no_failed_check_result(store: RecordStore, harvester_id: str,
                            records: dg.AssetKey) -> dg.AssetCheckResult:
     """Failed (a warning) when a stored record carries a transformation error."""
-    failed = store.failed_identifiers(harvester_id, limit=10)
+    in_store = store.counts(harvester_id)["failed"]
+    failed = store.failed_identifiers(harvester_id, limit=10) if in_store else []
     return dg.AssetCheckResult(
         asset_key=records, check_name=CHECK_NO_FAILED, passed=not failed,
         severity=dg.AssetCheckSeverity.WARN,
         metadata={"failed_sample": ", ".join(failed) or "none",
-                  "failed_in_store": store.counts(harvester_id)["failed"]},
+                  "failed_in_store": in_store},
     )
 
 

@@ -231,10 +231,12 @@ def profile_records(metadata: Iterable[Any], live: int | None = None) -> Profile
 
 
 def profile_store(store: RecordStore, harvester_id: str, *,
-                  max_records: int | None = MAX_RECORDS, batch: int = 1000) -> Profile:
+                  max_records: int | None = MAX_RECORDS, batch: int = 1000,
+                  live: int | None = None) -> Profile:
     """The profile of a harvester's live records, read in batches; past `max_records`
-    (None: no limit) a systematic sample of that many, every k-th by identifier."""
-    live = store.count(harvester_id)
+    (None: no limit) a systematic sample of that many, every k-th by identifier.
+    `live`: the live count when the caller has just read it (else it is counted)."""
+    live = store.count(harvester_id) if live is None else live
     if max_records is not None and live > max_records:
         step = math.ceil(live / max_records)
         return profile_records(store.iter_live_metadata_every(harvester_id, step, batch),

@@ -393,18 +393,24 @@ class Store:
     def counts(self, harvester_id: str) -> dict[str, int]:
         """Live, deleted and failed record counts of a harvester."""
         c = record_table.c
+        # One pass over the harvester's rows: live records with any error are counted
+        # with the rest, and only when there are some are they read to tell failures
+        # from schema violations (which no SQL of both databases says alike).
         q = sa.select(
             sa.func.count(),
             sa.func.sum(sa.case((c.deleted.is_(True), 1), else_=0)),
+            sa.func.sum(sa.case((sa.and_(c.deleted.is_(False), _HAS_ERRORS), 1), else_=0)),
         ).where(c.harvester_id == harvester_id)
         with self.engine.connect() as conn:
-            total, deleted = conn.execute(q).one()
+            total, deleted, with_errors = conn.execute(q).one()
         deleted = int(deleted or 0)
+        failed = (len(self.failed_identifiers(harvester_id, limit=None)) if with_errors
+                  else 0)
         return {
             "total": int(total),
             "live": int(total) - deleted,
             "deleted": deleted,
-            "failed": len(self.failed_identifiers(harvester_id, limit=None)),
+            "failed": failed,
         }
 
     def failed_identifiers(self, harvester_id: str, limit: int | None = 10) -> list[str]:

@@ -191,6 +191,28 @@ def test_transform_failure_is_stored(store: Store) -> None:
     assert store.failed_identifiers("h") == []
 
 
+def test_counts_read_the_rows_once_without_errors(store: Store) -> None:
+    """The records op and its check count after every run: a harvester without errors is
+    one pass over its rows; with some, only they are read again, and schema violations
+    alone are no failure."""
+    statements: list[str] = []
+    sa.event.listen(store.engine, "before_cursor_execute",
+                    lambda *args: statements.append(args[2]))
+    write_page(store, "h", [rec("a"), rec("b"), rec("c", deleted=True)], run_id="r",
+               transform=title_of)
+    statements.clear()
+    assert store.counts("h") == {"total": 3, "live": 2, "deleted": 1, "failed": 0}
+    assert len(statements) == 1
+    write_page(store, "h", [rec("bad")], run_id="r2", transform=broken)
+    statements.clear()
+    assert store.counts("h")["failed"] == 1
+    assert len(statements) == 2
+    with store.engine.begin() as conn:  # a schema violation alone: stored, not failed
+        conn.execute(record_table.update().where(record_table.c.oai_identifier == "a")
+                     .values(errors=[{"type": "schema", "message": "m"}]))
+    assert store.counts("h")["failed"] == 1
+
+
 def test_transform_error_with_location(store: Store) -> None:
     from oaipmh_dagster.harvesting.harvest import make_transform
 
