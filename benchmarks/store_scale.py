@@ -44,7 +44,7 @@ def generated(harvester_id: str, n: int, *, version: int = 0, start: int = 0) ->
         "jsonb_build_array(md5(CAST(i + 1 AS text)))) AS metadata, "
         "CAST('[]' AS jsonb) AS errors, now() AS harvested_at, CAST('fill' AS varchar) "
         "AS run_id, now() AS transformed_at, "
-        f"md5(CAST(i + {version} AS text)) AS content_hash "
+        f"md5(CAST(i + {version} AS text)) AS content_hash, CAST(NULL AS jsonb) AS about "
         f"FROM generate_series({start + 1}, {start + n}) AS i) AS g"
     )
 

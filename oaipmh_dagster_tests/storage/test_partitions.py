@@ -104,6 +104,19 @@ def test_a_partition_keeps_compression_and_storage_settings(pg_engine: sa.Engine
 
 
 @pg
+def test_the_benchmarks_generated_records_fill_a_partition_at_head(
+        pg_engine: sa.Engine) -> None:
+    """Cases 15 and 16 generate their stores in SQL with every column of the record
+    table: a column added by a migration must not break them."""
+    from benchmarks.store_scale import fill
+
+    fill(pg_engine, "generated", 25)
+    store = Store(pg_engine)
+    assert store.counts("generated") == {"total": 25, "live": 24, "deleted": 1, "failed": 0}
+    assert attached(pg_engine)[partitions.partition_name("generated")]
+
+
+@pg
 def test_any_harvester_id_gets_a_partition(pg_engine: sa.Engine) -> None:
     store = Store(pg_engine)
     odd = ['Q"uote; DROP TABLE x', "é" * 48, "x" * 48]
