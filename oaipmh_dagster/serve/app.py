@@ -23,6 +23,15 @@ from oaipmh_dagster.serve.settings import Settings
 from oaipmh_dagster.serve.verbs import CACHE_SECONDS, Provider
 
 log = logging.getLogger("oaipmh_dagster.serve")
+
+# PostgreSQL locks every partition (and its indexes) that a query reads: a list over
+# every harvester takes about five locks per harvester, and a server whose lock table
+# is too small for that answers "out of shared memory" (docs/storage.md).
+LOCKS_HINT = "max_locks_per_transaction"
+OUT_OF_LOCKS = ("the hub's database ran out of lock slots: a list over every harvester "
+                "locks each harvester's partition and its indexes (about 5 locks a "
+                "harvester); raise PostgreSQL's max_locks_per_transaction "
+                "(docs/storage.md, 'Thousands of harvesters')")
 PATH = "/oai"
 XML = "text/xml; charset=utf-8"
 MAX_BODY = 64 * 1024
@@ -55,10 +64,14 @@ def create_app(engine: Engine, settings: Settings, *, cache_seconds: float = CAC
         try:
             xml = await run_in_threadpool(provider.respond, pairs, base_url)
         except sa.exc.SQLAlchemyError as exc:
+            reason = str(getattr(exc, "orig", None) or exc).strip()
             log.error("database error answering %s: %s", request.url.query[:200],
-                      str(getattr(exc, "orig", None) or exc).strip().splitlines()[0])
-            return PlainTextResponse("the hub's database is unavailable; try again later",
-                                     status_code=503, headers={"Retry-After": "30"})
+                      reason.splitlines()[0])
+            text = "the hub's database is unavailable; try again later"
+            if LOCKS_HINT in reason:
+                log.error(OUT_OF_LOCKS)
+                text = OUT_OF_LOCKS
+            return PlainTextResponse(text, status_code=503, headers={"Retry-After": "30"})
         return Response(xml.encode("utf-8"), media_type=XML)
 
     app = Starlette(routes=[Route(PATH, oai, methods=["GET", "POST"])])

@@ -237,6 +237,27 @@ def test_a_database_failure_is_a_503_without_a_traceback(hub: Hub,
     assert "Traceback" not in response.text and "database" in response.text
 
 
+def test_a_lock_table_too_small_for_the_partitions_says_what_to_raise(
+        hub: Hub, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL's answer when a list over every harvester needs more locks than its
+    lock table holds (seen at 2,000 partitions with the defaults) names the setting."""
+    import sqlalchemy as sa
+
+    from oaipmh_dagster.serve import queries
+
+    def out_of_locks(*args: object, **kwargs: object) -> None:
+        raise sa.exc.OperationalError("SELECT", {}, Exception(
+            "out of shared memory\nHINT:  You might need to increase "
+            "max_locks_per_transaction."))
+
+    monkeypatch.setattr(queries, "count", out_of_locks)
+    response = hub.client.get("/oai", params={"verb": "ListRecords",
+                                              "metadataPrefix": "oai_dc"})
+    assert response.status_code == 503
+    assert "max_locks_per_transaction" in response.text
+    assert "lock slots" in response.text and "Traceback" not in response.text
+
+
 def test_other_paths_are_not_found(hub: Hub) -> None:
     assert hub.client.get("/").status_code == 404
 
