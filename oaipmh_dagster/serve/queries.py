@@ -7,7 +7,9 @@ the one before, so rows written elsewhere in the table never shift a list (migra
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -87,9 +89,15 @@ class Selection:
     upper: datetime
 
     def where(self, engine: Engine) -> list[sa.ColumnElement[bool]]:
+        if engine.dialect.name == "postgresql":  # one array parameter: see `_prepared`
+            harvesters = _c.harvester_id == sa.any_(sa.bindparam(
+                "ids", list(self.ids), type_=postgresql.ARRAY(sa.String)))
+        elif len(self.ids) == 1:
+            harvesters = _c.harvester_id == self.ids[0]
+        else:
+            harvesters = _c.harvester_id.in_(self.ids)
         where: list[sa.ColumnElement[bool]] = [
-            _c.harvester_id == self.ids[0] if len(self.ids) == 1
-            else _c.harvester_id.in_(self.ids),
+            harvesters,
             _c.harvested_at < sa.bindparam("upper", self.upper, type_=_AT)]
         if self.lower is not None:
             where.append(_c.harvested_at >= sa.bindparam("lower", self.lower, type_=_AT))
@@ -98,11 +106,87 @@ class Selection:
         return where
 
 
+def _prepared(conn: sa.Connection, stmt: sa.Select) -> list[tuple[Any, ...]]:
+    """The rows of `stmt` on PostgreSQL, as a prepared statement with a generic plan.
+
+    With one partition per harvester, planning a list over thousands of harvesters
+    costs seconds (2.8 s at 2,000 partitions, against 0.1 s to run it): the plan is
+    made once per connection and statement shape, and each page only runs it, its
+    partitions pruned when it starts (docs/storage.md, "Thousands of harvesters")."""
+    compiled = stmt.compile(dialect=conn.dialect)
+    values = compiled.construct_params()
+    order: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in order:
+            order.append(name)
+        return f"${order.index(name) + 1}"
+
+    sql = _PLACEHOLDER.sub(number, compiled.string).replace("%%", "%")
+    name = "oaipmh_serve_" + hashlib.sha1(sql.encode()).hexdigest()[:16]  # noqa: S324 - a name
+    prepared: set[str] = conn.connection.info.setdefault("oaipmh_prepared", set())
+    dbapi = conn.connection.driver_connection
+    args = [values[n] for n in order]
+    execute = f"EXECUTE {name} ({', '.join(['%s'] * len(order))})" if order \
+        else f"EXECUTE {name}"
+    for attempt in (1, 2):
+        cursor = dbapi.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            if name not in prepared:
+                cursor.execute(f"PREPARE {name} AS {sql}")
+                prepared.add(name)
+            cursor.execute(execute, args)
+            return list(cursor.fetchall())
+        except Exception as exc:
+            # Behind a transaction pooler a session may not hold what this connection
+            # prepared (26000), or hold it already (42P05): once more, knowing which.
+            code = getattr(exc, "pgcode", None)
+            if attempt == 2 or code not in ("26000", "42P05"):
+                raise
+            dbapi.rollback()  # type: ignore[union-attr]
+            if code == "26000":
+                prepared.discard(name)
+            else:
+                prepared.add(name)
+        finally:
+            cursor.close()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+_PLACEHOLDER = re.compile(r"%\(([^)]+)\)s")
+
+
+# From this many harvesters on, a list is read through a prepared statement on
+# PostgreSQL. Below, the plain query is planned with only its harvesters' partitions
+# (4-8 ms for one); a generic plan locks and starts every partition before it prunes
+# (90 ms for one harvester among 2,000 partitions).
+PREPARED_FROM = 100
+
+
+def _rows(engine: Engine, stmt: sa.Select, sel: Selection) -> list[tuple[Any, ...]]:
+    """The rows of `stmt` over `sel`: prepared on PostgreSQL when `sel` holds many
+    harvesters (`_prepared`, `PREPARED_FROM`), plain otherwise."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql" and len(sel.ids) >= PREPARED_FROM:
+            dbapi_error = conn.dialect.loaded_dbapi.Error
+            try:
+                return _prepared(conn, stmt)
+            except dbapi_error as exc:
+                # A connection whose statement failed forgets what it prepared (the
+                # next use prepares again), and the error is SQLAlchemy's, as from any
+                # other query (the provider answers 503).
+                conn.connection.info.pop("oaipmh_prepared", None)
+                raise sa.exc.DBAPIError.instance(str(stmt), None, exc, dbapi_error) from exc
+        return [tuple(r) for r in conn.execute(stmt).all()]
+
+
 def count(engine: Engine, sel: Selection) -> int:
     """How many records the selection holds now."""
-    with engine.connect() as conn:
-        return int(conn.execute(sa.select(sa.func.count()).select_from(record_table)
-                                .where(*sel.where(engine))).scalar_one())
+    rows = _rows(engine, sa.select(sa.func.count()).select_from(record_table)
+                 .where(*sel.where(engine)), sel)
+    return int(rows[0][0])
 
 
 def page(engine: Engine, sel: Selection, after: Position | None, limit: int, *,
@@ -121,8 +205,7 @@ def page(engine: Engine, sel: Selection, after: Position | None, limit: int, *,
                   _c.harvested_at >= at]
     stmt = (sa.select(*columns).where(*where)
             .order_by(_c.harvested_at, _c.harvester_id, _c.oai_identifier).limit(limit))
-    with engine.connect() as conn:
-        rows = conn.execute(stmt).all()
+    rows = _rows(engine, stmt, sel)
     return [Row(h, i, utc(at_), bool(d), _sets(s), raw) for h, i, at_, d, s, raw in rows]
 
 
