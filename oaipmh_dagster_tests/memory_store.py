@@ -77,7 +77,7 @@ class _Page:
             return {i: row["content_hash"] for i in identifiers
                     if (row := self._row(i)) is not None}
 
-    def upsert(self, rows: Sequence[dict[str, Any]]) -> None:
+    def upsert(self, rows: Sequence[dict[str, Any]], *, replacing: int | None = None) -> None:
         for row in rows:
             self.pending[row["oai_identifier"]] = _decoded(row)
 

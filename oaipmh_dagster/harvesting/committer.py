@@ -27,10 +27,16 @@ class Committer(Generic[T]):
     `submit` returns the items committed since the last call and raises the error of a
     failed commit (nothing after a failed commit is committed). Leaving the `with`
     block waits for the commits already handed over, so every page handed over before a
-    failure is committed, as it would be without the thread."""
+    failure is committed, as it would be without the thread.
 
-    def __init__(self, commit: Callable[[T], None], depth: int = 1) -> None:
+    With `group`, the items waiting when a commit ends (up to `depth`) are committed
+    together by `group(items)`: a writer that falls behind catches up with fewer,
+    larger transactions."""
+
+    def __init__(self, commit: Callable[[T], None], depth: int = 1,
+                 group: Callable[[list[T]], None] | None = None) -> None:
         self._commit = commit
+        self._group = group
         self._todo: queue.Queue[object] = queue.Queue(maxsize=depth)
         self._done: queue.Queue[T] = queue.Queue()
         self._error: BaseException | None = None
@@ -41,17 +47,38 @@ class Committer(Generic[T]):
 
     def _run(self) -> None:
         while True:
-            item = self._todo.get()
-            if item is _STOP:
+            items, stop = self._take()
+            if items and self._error is None:  # else drained, never committed
+                try:
+                    if len(items) == 1:
+                        self._commit(items[0])
+                    else:
+                        assert self._group is not None
+                        self._group(items)
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                    self._error = exc
+                else:
+                    for item in items:
+                        self._done.put(item)
+            if stop:
                 return
-            if self._error is not None:
-                continue  # drained, never committed: the caller sees the error
+
+    def _take(self) -> tuple[list[T], bool]:
+        """The next item, and (with `group`) those already waiting behind it; whether
+        the stop came after them."""
+        first = self._todo.get()
+        if first is _STOP:
+            return [], True
+        items: list[T] = [first]  # type: ignore[list-item]
+        while self._group is not None:
             try:
-                self._commit(item)  # type: ignore[arg-type]
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                self._error = exc
-            else:
-                self._done.put(item)  # type: ignore[arg-type]
+                item = self._todo.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                return items, True
+            items.append(item)  # type: ignore[arg-type]
+        return items, False
 
     def _raise(self) -> None:
         if self._error is not None:

@@ -1,5 +1,6 @@
 """One harvest of one harvester: the page loop that executes a `plan.Plan` (lease ->
-Identify -> plan -> pages -> rows written with their checkpoint -> statistics).
+Identify -> plan -> pages -> rows written with their checkpoint -> statistics). A long
+list's pages are fetched and prepared in a worker process (`worker`); the writes stay here.
 
 No Dagster in here: the Dagster op, the CLI (through the job) and the benchmarks all
 call `harvest()`.
@@ -11,7 +12,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -21,10 +22,10 @@ from oaipmh_dagster.errors import OAIPMHDagsterError
 from oaipmh_dagster.harvesting import incremental, sweep
 from oaipmh_dagster.harvesting import reconcile as reconcile_mod
 from oaipmh_dagster.harvesting.committer import Committer
+from oaipmh_dagster.harvesting.lists import Lists, Position, ReadyPage, describe_short
 from oaipmh_dagster.harvesting.parallel import harvest_windows
 from oaipmh_dagster.harvesting.plan import (
     Checkpoint,
-    ListCheckpoint,
     Plan,
     PlanError,
     PlanMode,
@@ -37,13 +38,13 @@ from oaipmh_dagster.harvesting.plan import (
 )
 from oaipmh_dagster.harvesting.rows import (
     Counts,
-    PreparedPage,
     Transform,
     Validate,
-    commit_page,
+    commit_pages,
     prepare_page,
 )
 from oaipmh_dagster.harvesting.windows import WindowState
+from oaipmh_dagster.harvesting.worker import WORKER_ENV, Spec, Split, Worker, split_setting
 from oaipmh_dagster.oai import (
     ClientOptions,
     Granularity,
@@ -80,6 +81,9 @@ GETRECORD_BATCH = 100
 # Progress lines: the first and last page, and one every this many seconds between
 # (each line is an event in Dagster's log: one per page would slow fast harvests).
 LOG_EVERY = 2.0
+# Prepared pages that may wait for the committer; those waiting when a commit ends are
+# committed together (a writer that falls behind a worker process catches up).
+COMMIT_DEPTH = 4
 
 
 class HarvestError(OAIPMHDagsterError, RuntimeError):
@@ -193,48 +197,6 @@ class HarvestStats:
                f"{self.held_back.max_delete}: {self.held_back.limit})"
                if self.held_back else "")
         )
-
-
-def describe_short(item: dict[str, Any]) -> str:
-    """One short list in words."""
-    which = f"the list of set {item['set']}" if item.get("set") else "the list"
-    return (f"{which} ended after {item['received']} of the {item['announced']} records its "
-            "first page announced (completeListSize)")
-
-
-@dataclass
-class ListTally:
-    """One list as it went by: the completeListSize its first page announced, the headers
-    it delivered, and how many came before the first page this run saw (a resumed list's
-    cursor; None when the server did not say)."""
-
-    set_spec: str | None
-    offset: int | None = 0
-    announced: int | None = None
-    received: int = 0
-
-    @classmethod
-    def start(cls, set_spec: str | None, page: Page) -> ListTally:
-        """The tally of a list whose first page in this run is `page`."""
-        if "resumptionToken" not in page.params:
-            return cls(set_spec)
-        rt = page.resumption_token
-        return cls(set_spec, offset=rt.cursor if rt is not None else None)
-
-    def add(self, page: Page) -> None:
-        rt = page.resumption_token
-        if self.announced is None and rt is not None:
-            self.announced = rt.complete_list_size
-        self.received += len(page.records) + page.duplicates_dropped + page.skipped_headers
-
-    def short(self) -> dict[str, Any] | None:
-        """What was announced and received when the list ended short, else None."""
-        if self.announced is None or self.offset is None:
-            return None
-        received = self.offset + self.received
-        if received >= self.announced:
-            return None
-        return {"set": self.set_spec, "announced": self.announced, "received": received}
 
 
 @dataclass(frozen=True)
@@ -417,11 +379,13 @@ def harvest(
     transform = make_transform(h.transformer)
     validator = make_validate(h)
     own_client = client is None
-    client = client or OAIClient(h.base_url, options or client_options(h), logger=logger)
+    options = options or client_options(h)
+    split = _split(store) if own_client else None
+    client = client or OAIClient(h.base_url, options, logger=logger)
     saved = store.acquire(h.id, run_id, is_stale=hooks.is_stale, logger=logger)
     held_selection = (store.state(h.id) or {}).get("selection")
     job = _Job(h, store, run_id, client, logger, transform, validator, stats, started,
-               held_selection)
+               held_selection, options, split)
     ok, keeps, selection = False, None, None
     try:
         if hooks.resolve_since is not None:
@@ -441,6 +405,17 @@ def harvest(
     return stats
 
 
+def _split(store: RecordStore) -> Split | None:
+    """When this harvest's lists move to a worker process: never for a store another
+    process cannot open (an in-memory one) or with `$OAIPMH_HARVEST_WORKER=off`."""
+    try:
+        records = split_setting()
+    except ValueError as exc:
+        raise HarvestError(str(exc)) from None
+    url = getattr(store, "worker_url", lambda: None)()
+    return None if records is None or url is None else Split(records, url)
+
+
 @dataclass(frozen=True)
 class _Job:
     """What the steps of one harvest share once its lease is held."""
@@ -455,6 +430,8 @@ class _Job:
     stats: HarvestStats
     started: float
     held_selection: str | None  # the selection the harvest state records (None: unknown)
+    options: ClientOptions
+    split: Split | None  # when the lists move to a worker process (None: never)
 
     @property
     def pending(self) -> bool:
@@ -473,8 +450,7 @@ def _execute(job: _Job, run: RunOptions, plan: Plan, ident: Identify, local_star
     seen: set[str] | None = (set() if job.pending and plan.mode is PlanMode.FULL
                              and not run.reconcile else None)
     skipped = client.stats.skipped_headers
-    _store_pages(_pages(client, h, plan, stats, logger), job.store, h, job.run_id,
-                 job.transform, stats, plan, on_page, logger, job.started, job.validate, seen)
+    _store_pages(_ready_pages(job, plan, seen), job, plan, on_page)
     _decide_next_since(stats, plan, ident.earliest_datestamp, local_start,
                        oai_ids=bool(run.oai_ids), until=run.until_dt() is not None)
     if client.stats.skipped_headers > skipped and seen is not None:
@@ -574,35 +550,28 @@ def _start(stats: HarvestStats, plan: Plan, response_date: datetime) -> None:
         stats.resumed_from_token = plan.resume.token
 
 
-def _store_pages(
-    pages: Iterator[tuple[Page, Checkpoint | None]], store: RecordStore, h: Harvester, run_id: str,
-    transform: Transform, stats: HarvestStats, plan: Plan, on_page: OnPage | None,
-    logger: Any, started: float, validate: Validate | None = None,
-    seen: set[str] | None = None,
-) -> None:
-    """The page loop: prepare each page (hashes, rows, transform, validation) here while the
-    committer commits the previous one with its checkpoint; count, log and report each
-    page once committed. `seen` (when given) collects every identifier delivered."""
-    report = _Report(stats, not plan.windowed, on_page, logger, started)
-    commit = functools.partial(_commit, store, h.id, run_id)
-    with Committer(commit) as committer:
-        for page, cp in pages:
-            if seen is not None:
-                seen.update(r.header.identifier for r in page.records)
-            prepared = prepare_page(store, h.id, page.records, run_id=run_id,
-                                    transform=transform, metadata_prefix=h.metadata_prefix,
-                                    transformer=h.transformer, validate=validate)
-            for done, ready, _ in committer.submit(
-                    (page, prepared, None if cp is None else cp.to_json())):
-                report.committed(done, ready)
-        for done, ready, _ in committer.finish():
-            report.committed(done, ready)
+def _store_pages(pages: Iterator[ReadyPage], job: _Job, plan: Plan,
+                 on_page: OnPage | None) -> None:
+    """The page loop: each prepared page is committed with its checkpoint by the
+    committer while the next is prepared; each is counted, logged and reported once
+    committed."""
+    report = _Report(job.stats, not plan.windowed, on_page, job.logger, job.started)
+    commit = functools.partial(_commit, job.store, job.h.id, job.run_id)
+    with Committer(commit, COMMIT_DEPTH, lambda items: commit(*items)) as committer:
+        for ready in pages:
+            for done in committer.submit(ready):
+                report.committed(done)
+        for done in committer.finish():
+            report.committed(done)
 
 
-def _commit(store: RecordStore, harvester_id: str, run_id: str,
-            item: tuple[Page, PreparedPage, dict[str, Any] | None]) -> None:
-    """Commit one prepared page with its checkpoint (in the committer's thread)."""
-    commit_page(store, harvester_id, item[1], run_id=run_id, checkpoint=item[2])
+def _commit(store: RecordStore, harvester_id: str, run_id: str, *ready: ReadyPage) -> None:
+    """Commit prepared pages in one transaction with the checkpoint of the last that has
+    one (in the committer's thread): the state one commit per page would leave."""
+    checkpoint = next((r.checkpoint for r in reversed(ready) if r.checkpoint is not None),
+                      None)
+    commit_pages(store, harvester_id, [r.prepared for r in ready], run_id=run_id,
+                 checkpoint=checkpoint)
 
 
 class _Report:
@@ -615,18 +584,17 @@ class _Report:
         self.stats, self.whole_lists, self.on_page = stats, whole_lists, on_page
         self.logger, self.started, self.logged = logger, started, 0.0
 
-    def committed(self, page: Page, prepared: PreparedPage) -> None:
+    def committed(self, ready: ReadyPage) -> None:
         stats = self.stats
-        stats.counts.add(prepared.counts)
+        stats.counts.add(ready.prepared.counts)
         stats.pages += 1
-        rt = page.resumption_token
-        if rt is not None and rt.complete_list_size is not None and self.whole_lists:
-            stats.complete_list_size = rt.complete_list_size  # a window's is partial
+        if ready.complete_list_size is not None and self.whole_lists:
+            stats.complete_list_size = ready.complete_list_size  # a window's is partial
         elapsed = time.perf_counter() - self.started
-        records, token = stats.records, page.token
+        records, token = stats.records, ready.token
         event = Progress(
             pages=stats.pages, records=records, rate=records / elapsed if elapsed else 0.0,
-            cursor=rt.cursor if rt else None,
+            cursor=ready.cursor,
             complete_list_size=stats.complete_list_size, token=token,
         )
         if stats.pages == 1 or token is None or elapsed - self.logged >= LOG_EVERY:
@@ -640,19 +608,77 @@ class _Report:
             self.on_page(event)
 
 
-def _pages(
-    client: OAIClient, h: Harvester, plan: Plan, stats: HarvestStats, logger: Any
-) -> Iterator[tuple[Page, Checkpoint | None]]:
-    """The plan's pages, each with the checkpoint to save with it; records already
-    delivered by another set's list are dropped (the harvest's sets are de-duplicated
-    here only, with the client's `drop_seen`)."""
+def _ready_pages(job: _Job, plan: Plan, seen: set[str] | None) -> Iterator[ReadyPage]:
+    """The plan's pages, prepared; a long sequential harvest continues in a worker
+    process (`worker`) from the page that showed it is long. `seen` (when given)
+    collects every identifier delivered."""
+    client, h, logger = job.client, job.h, job.logger
     if plan.oai_ids:
-        return ((p, None) for p in _get_records(client, h, list(plan.oai_ids)))
+        yield from _prepared(job, ((p, None) for p in _get_records(
+            client, h, list(plan.oai_ids))), seen)
+        return
     if plan.windowed:
         pages = _windowed(client, h, plan, logger)
-    else:
-        pages = _sequential(client, h, plan, stats, logger)
-    return _distinct(pages) if len(plan.sets) > 1 else pages
+        yield from _prepared(job, _distinct(pages) if len(plan.sets) > 1 else pages, seen)
+        return
+    split = job.split
+    lists = Lists(client, h, plan, job.stats, logger,
+                  due=split.due if split is not None else None)
+    position = None
+    listed = lists.pages()
+    try:
+        for page, cp in listed:
+            yield from _prepared(job, [(page, cp)], seen)
+            if split is not None and cp is not None and lists.tally is not None \
+                    and split.due(lists.tally, lists.delivered):
+                position = lists.position(cp)
+                break
+    finally:
+        listed.close()
+    if position is not None:
+        yield from _in_worker(job, plan, position, seen)
+
+
+def _prepared(job: _Job, pages: Iterable[tuple[Page, Checkpoint | None]],
+              seen: set[str] | None) -> Iterator[ReadyPage]:
+    """Each page prepared here: hashes, rows, transform, validation."""
+    h = job.h
+    for page, cp in pages:
+        if seen is not None:
+            seen.update(r.header.identifier for r in page.records)
+        prepared = prepare_page(job.store, h.id, page.records, run_id=job.run_id,
+                                transform=job.transform, metadata_prefix=h.metadata_prefix,
+                                transformer=h.transformer, validate=job.validate)
+        yield ReadyPage.of(page, prepared, None if cp is None else cp.to_json())
+
+
+def _in_worker(job: _Job, plan: Plan, position: Position, seen: set[str] | None
+               ) -> Iterator[ReadyPage]:
+    """The rest of the lists from `position`, prepared by a worker process."""
+    assert job.split is not None
+    remaining = position.tally.remaining
+    job.logger.info(
+        "the list %s: its pages are fetched, parsed and prepared in a worker process "
+        "from here (%s=%s)", f"announces {remaining} more records" if remaining is not None
+        else f"is long ({position.checkpoint.records} records so far)", WORKER_ENV,
+        job.split.records)
+    spec = Spec(job.h, plan, position, job.options, job.split.url, job.run_id,
+                identifiers=seen is not None,
+                debug=bool(getattr(job.logger, "isEnabledFor", lambda _: False)(
+                    logging.DEBUG)))
+    worker = Worker(spec, job.logger)
+    try:
+        for ready in worker.pages():
+            if seen is not None and ready.identifiers:
+                seen.update(ready.identifiers)
+            yield ready
+    finally:
+        worker.close()
+        end = worker.end
+        if end is not None:
+            job.stats.short_lists.extend(end.judged.short_lists)
+            job.stats.lists_judged += end.judged.lists_judged
+            job.client.stats.add(**end.client)
 
 
 def _distinct(
@@ -691,41 +717,6 @@ def _decide_next_since(
     stats.since_note = "; ".join(notes)
 
 
-def _sequential(
-    client: OAIClient, h: Harvester, plan: Plan, stats: HarvestStats, logger: Any,
-) -> Iterator[tuple[Page, Checkpoint | None]]:
-    """One list after another (one per set); each page with its checkpoint, which keeps
-    the start of the earliest list it continues."""
-    tally: ListTally | None = None
-    delivered = records = 0
-    for set_spec, page in _list_pages(client, h, plan, logger):
-        delivered, records = delivered + 1, records + len(page.records)
-        if tally is None or "resumptionToken" not in page.params:
-            tally = ListTally.start(set_spec, page)
-        tally.add(page)
-        token = page.token
-        if token is None:
-            _judge(tally, stats, logger)
-            tally = None
-        cp = None if token is None else ListCheckpoint(
-            token, set_spec, h.metadata_prefix, plan.since, plan.until,
-            plan.checkpoint_start, delivered, records)
-        yield page, cp
-
-
-def _judge(tally: ListTally, stats: HarvestStats, logger: Any) -> None:
-    """Note a finished list that delivered fewer headers than it announced."""
-    if tally.announced is None or tally.offset is None:
-        return
-    stats.lists_judged += 1
-    short = tally.short()
-    if short is not None:
-        stats.short_lists.append(short)
-        logger.warning("%s: the records that went missing are not harvested, so since does "
-                       "not advance and the next harvest asks again from the same since",
-                       describe_short(short))
-
-
 def _windowed(
     client: OAIClient, h: Harvester, plan: Plan, logger: Any,
 ) -> Iterator[tuple[Page, Checkpoint | None]]:
@@ -762,27 +753,6 @@ def _windowed(
         u.token = page.token
         u.done = page.token is None
         yield page, snapshot()
-
-
-def _list_pages(
-    client: OAIClient, h: Harvester, plan: Plan, logger: Any,
-) -> Iterator[tuple[str | None, Page]]:
-    """The harvest's ListRecords pages, each with the set it belongs to, from the
-    plan's resume point when it has one."""
-    sets: list[str | None] = list(plan.sets) or [None]
-    first, token = 0, None
-    point = plan.resume
-    if point is not None:
-        first, token = sets.index(point.set_spec), point.token
-        logger.info("resuming the interrupted harvest after page %s (%s records) with token %r",
-                    point.pages, point.records, point.token)
-    for set_spec in sets[first:]:
-        # A rejected checkpoint token restarts the list from these arguments (the client).
-        for page in client.iter_pages("ListRecords", metadata_prefix=h.metadata_prefix,
-                                      set_spec=set_spec, from_=plan.since, until=plan.until,
-                                      resumption_token=token):
-            yield set_spec, page
-        token = None
 
 
 def _get_records(client: OAIClient, h: Harvester, identifiers: list[str]) -> Iterator[Page]:

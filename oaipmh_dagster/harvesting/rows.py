@@ -33,7 +33,7 @@ from oaipmh_dagster.storage.ports import (
 from oaipmh_dagster.transform import transformer_identity
 
 __all__ = ["Counts", "HarvestRecord", "PreparedPage", "Transform", "Validate", "commit_page",
-           "prepare_page", "retransform", "write_page"]
+           "commit_pages", "prepare_page", "retransform", "write_page"]
 
 _SHOWN = 100  # characters of a bad value quoted in counts and errors
 _NO_ERRORS = "[]"
@@ -222,6 +222,7 @@ class PreparedPage:
 
     rows: list[dict[str, Any]]
     counts: Counts
+    rewrites: int = 0  # rows that replace stored ones
 
 
 def prepare_page(
@@ -263,7 +264,7 @@ def prepare_page(
     rows = [v for identifier, rec in latest.items()
             if (v := _row(harvester_id, identifier, rec, keys[identifier], existing,
                           transform, done, validate, run_id, now, counts)) is not None]
-    return PreparedPage(rows, counts)
+    return PreparedPage(rows, counts, sum(1 for r in rows if r["oai_identifier"] in existing))
 
 
 @dataclass(frozen=True)
@@ -314,8 +315,18 @@ def commit_page(
 ) -> None:
     """Upsert a prepared page's rows and save `checkpoint` in one transaction (fenced
     under `run_id`'s lease: see `RecordStore.page`)."""
+    commit_pages(store, harvester_id, [prepared], run_id=run_id, checkpoint=checkpoint)
+
+
+def commit_pages(
+    store: RecordStore, harvester_id: str, pages: Sequence[PreparedPage], *,
+    run_id: str | None, checkpoint: dict[str, Any] | None = None,
+) -> None:
+    """`commit_page` of several pages in one transaction (one upsert each, so a record
+    that two of them hold is written twice, in order)."""
     with store.page(harvester_id, run_id, checkpoint) as page:
-        page.upsert(prepared.rows)
+        for prepared in pages:
+            page.upsert(prepared.rows, replacing=prepared.rewrites)
 
 
 def write_page(

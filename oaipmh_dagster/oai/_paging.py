@@ -193,8 +193,11 @@ class _Ahead:
 _JOIN_AFTER_CANCEL = 5.0
 
 
-def prefetched(pages: Iterator[Page], parent: CancelScope) -> Iterator[Page]:
-    """Fetch the next page in a background thread while the current one is consumed.
+def prefetched(pages: Iterator[Page], parent: CancelScope,
+               hold: Callable[[Page], bool] | None = None) -> Iterator[Page]:
+    """Fetch the next page in a background thread while the current one is consumed;
+    after a page for which `hold(page)` is true, only once the consumer asks for it (a
+    consumer that may stop there sends no request it would throw away).
 
     Leaving early (an error, an interrupt, the consumer stopping) cancels the fetch in
     flight rather than waiting for it; the thread is a daemon, so even a step that
@@ -209,8 +212,12 @@ def prefetched(pages: Iterator[Page], parent: CancelScope) -> Iterator[Page]:
             if page is _END:
                 finished = True
                 return
-            ahead.ask()
+            held = hold is not None and hold(page)
+            if not held:
+                ahead.ask()
             yield page
+            if held:
+                ahead.ask()
     finally:
         ahead.stop()
         # At once unless a fetch ignores the cancel.

@@ -209,13 +209,16 @@ class OAIClient:
         from_: datetime | date | str | None = None,
         until: datetime | date | str | None = None,
         resumption_token: str | None = None,
+        hold: Callable[[Page], bool] | None = None,
     ) -> Iterator[Page]:
         """The pages of a ListRecords or ListIdentifiers list, fetched lazily.
 
         ``from_``/``until`` objects are formatted at the Identify granularity; strings go
         as they are. ``resumption_token`` starts mid-list (to resume a checkpoint); given
         with the list's original arguments, a token the server rejects (this one or a
-        later one) restarts the list from those arguments, once.
+        later one) restarts the list from those arguments, once. With prefetch, nothing
+        is fetched ahead after a page for which ``hold(page)`` is true (the caller may
+        stop there).
         """
         if verb not in LIST_VERBS:
             raise ValueError(f"iter_pages serves {' and '.join(LIST_VERBS)}, not {verb!r}")
@@ -228,7 +231,7 @@ class OAIClient:
         )
         pages = (page for page, _ in chain)
         if self.options.prefetch:
-            yield from prefetched(pages, self._transport.cancel_scope)
+            yield from prefetched(pages, self._transport.cancel_scope, hold)
         else:
             yield from pages
 

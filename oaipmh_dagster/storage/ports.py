@@ -114,8 +114,9 @@ class PageWrite(Protocol):
         """identifier -> stored content hash, for those of `identifiers` that are stored."""
         ...
 
-    def upsert(self, rows: Sequence[dict[str, Any]]) -> None:
-        """Insert or replace whole rows (JSON columns as text: `WRITE_COLUMNS`)."""
+    def upsert(self, rows: Sequence[dict[str, Any]], *, replacing: int | None = None) -> None:
+        """Insert or replace whole rows (JSON columns as text: `WRITE_COLUMNS`);
+        `replacing`: how many replace stored rows (None: the rows `hashes` found)."""
         ...
 
     def live_raw(self, after: str, limit: int) -> list[tuple[str, str | None]]:

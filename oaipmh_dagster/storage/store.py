@@ -149,12 +149,14 @@ class SQLPageWrite:
         self._stored.update(out)
         return out
 
-    def upsert(self, rows: Sequence[dict[str, Any]]) -> None:
+    def upsert(self, rows: Sequence[dict[str, Any]], *, replacing: int | None = None) -> None:
         """Insert or replace whole rows (JSON columns already serialized as text: see
-        `WRITE_COLUMNS`)."""
+        `WRITE_COLUMNS`); `replacing`: how many of them replace stored rows, when the
+        hashes were read outside this transaction."""
         if not rows:
             return
-        self.rewritten += sum(1 for r in rows if r["oai_identifier"] in self._stored)
+        self.rewritten += (replacing if replacing is not None else
+                           sum(1 for r in rows if r["oai_identifier"] in self._stored))
         if self.conn.dialect.driver == "psycopg2":
             from psycopg2.extras import execute_values
 
@@ -245,6 +247,15 @@ class Store:
             self._partitions.add(harvester_id)
         else:
             self._retry_after[harvester_id] = time.monotonic() + 60
+
+    def worker_url(self) -> str | None:
+        """The URL another process opens this store with (None: it cannot, an in-memory
+        SQLite database)."""
+        url = self.engine.url
+        if url.get_backend_name() == "sqlite" and (
+                url.database in (None, "", ":memory:") or url.query.get("mode") == "memory"):
+            return None
+        return url.render_as_string(hide_password=False)
 
     def hashes(self, harvester_id: str, identifiers: Sequence[str]) -> dict[str, str | None]:
         """identifier -> stored content hash, for those of `identifiers` that are stored

@@ -127,3 +127,48 @@ def test_an_error_does_not_wait_for_a_stuck_commit(monkeypatch: pytest.MonkeyPat
         raise KeyboardInterrupt
     assert ended == []  # the stuck commit was left behind, not awaited
     stuck.set()
+
+
+def test_items_that_wait_behind_a_commit_are_committed_together_in_order() -> None:
+    release = threading.Event()
+    committing = threading.Event()
+    calls: list[list[int]] = []
+
+    def commit(item: int) -> None:
+        calls.append([item])
+        committing.set()
+        release.wait(WAIT)
+
+    seen: list[int] = []
+    with Committer(commit, depth=3, group=calls.append) as committer:
+        seen += committer.submit(1)
+        assert committing.wait(WAIT)  # 1 is committing, held
+        for i in (2, 3, 4):
+            seen += committer.submit(i)  # all three wait behind it
+        release.set()
+        seen += committer.finish()
+    assert calls == [[1], [2, 3, 4]] and seen == [1, 2, 3, 4]
+
+
+def test_a_failed_group_commits_none_of_its_items() -> None:
+    release = threading.Event()
+    committing = threading.Event()
+    done: list[int] = []
+
+    def commit(item: int) -> None:
+        committing.set()
+        release.wait(WAIT)
+        done.append(item)
+
+    def group(items: list[int]) -> None:
+        raise ValueError(f"group {items} failed")
+
+    with pytest.raises(ValueError, match=r"group \[2, 3\] failed"), \
+            Committer(commit, depth=2, group=group) as committer:
+        committer.submit(1)
+        assert committing.wait(WAIT)
+        committer.submit(2)
+        committer.submit(3)
+        release.set()
+        committer.finish()
+    assert done == [1]

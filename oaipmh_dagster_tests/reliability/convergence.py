@@ -50,13 +50,16 @@ class Profile:
     sets: tuple[str, ...]
     records: int
     rounds: int
+    # From how many records still to come a list moves to a worker process
+    # (`$OAIPMH_HARVEST_WORKER`); None: the default, which lists this short never reach.
+    worker: int | None = None
 
 
 def profile(seed: int, rounds: int) -> Profile:
     """The profile of `seed`: any four consecutive seeds from a multiple of four cover
     every pair of granularity, snapshot lists and sequential/windowed (eight cover every
     combination); the harvester's sets cycle through the selections; the size is drawn
-    from the seed."""
+    from the seed; one sequential seed in four moves its lists to a worker process."""
     rng = random.Random(f"profile-{seed}")
     day, snapshot = seed % 2, seed // 2 % 2
     windowed = (day + snapshot + seed // 4) % 2
@@ -68,6 +71,7 @@ def profile(seed: int, rounds: int) -> Profile:
         sets=SELECTIONS[seed % len(SELECTIONS)],
         records=rng.randint(120, 240),
         rounds=rounds,
+        worker=40 if not windowed and seed % 4 == 3 else None,
     )
 
 

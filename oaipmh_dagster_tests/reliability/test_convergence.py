@@ -29,6 +29,7 @@ seeds of 20 rounds. SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -38,7 +39,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -49,6 +50,7 @@ from oaipmh_dagster.definitions import build_definitions
 from oaipmh_dagster.defs import sensors
 from oaipmh_dagster.defs.assets import asset_keys, op_name
 from oaipmh_dagster.defs.since import current_state, resolve_since
+from oaipmh_dagster.harvesting.worker import WORKER_ENV
 from oaipmh_dagster.oai import format_datestamp, parse_user_datetime
 from oaipmh_dagster.storage.registry import Harvester, Registry
 from oaipmh_dagster.storage.store import Store
@@ -361,16 +363,33 @@ class Rounds:
         assert not foreign, f"versions the server never served: {list(foreign.items())[:5]}"
 
 
+@contextlib.contextmanager
+def _worker_setting(records: int | None) -> Iterator[None]:
+    """`$OAIPMH_HARVEST_WORKER` at `records` while a seed plays (None: as it is); the
+    processes a round starts inherit it."""
+    if records is None:
+        yield
+        return
+    before = os.environ.get(WORKER_ENV)
+    os.environ[WORKER_ENV] = str(records)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(WORKER_ENV, None)
+        else:
+            os.environ[WORKER_ENV] = before
+
+
 def play_seed(p: Profile) -> dict[str, int]:
     """All rounds of one seed, then clean rounds until one reads fresh lists."""
     world = World(p)
     # Dagster's SQLite storage commits every event: on tmpfs a run costs a third.
     ram = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    with tempfile.TemporaryDirectory(dir=ram) as home, dg.instance_for_test(
-        temp_dir=home
-    ) as instance, OAIServer(
-        world.dataset, page_size=PAGE_SIZES[0], snapshot_lists=p.snapshot_lists
-    ) as server:
+    with _worker_setting(p.worker), tempfile.TemporaryDirectory(dir=ram) as home, \
+            dg.instance_for_test(temp_dir=home) as instance, OAIServer(
+                world.dataset, page_size=PAGE_SIZES[0], snapshot_lists=p.snapshot_lists
+            ) as server:
         server.clock = lambda: world.clock
         rounds = Rounds(p, world, server, instance)
         r = 0
