@@ -22,6 +22,7 @@ from oaipmh_dagster.errors import OAIPMHDagsterError
 from oaipmh_dagster.harvesting import incremental, sweep
 from oaipmh_dagster.harvesting import reconcile as reconcile_mod
 from oaipmh_dagster.harvesting.committer import Committer
+from oaipmh_dagster.harvesting.delivered import Delivered
 from oaipmh_dagster.harvesting.lists import Lists, Position, ReadyPage, describe_short
 from oaipmh_dagster.harvesting.parallel import harvest_windows
 from oaipmh_dagster.harvesting.plan import (
@@ -84,6 +85,9 @@ LOG_EVERY = 2.0
 # Prepared pages that may wait for the committer; those waiting when a commit ends are
 # committed together (a writer that falls behind a worker process catches up).
 COMMIT_DEPTH = 4
+# At most this many identifiers delivered before a hand-over go to the worker (more: its
+# look-ups ask the store for every identifier)
+HANDED_OVER = 100_000
 
 
 class HarvestError(OAIPMHDagsterError, RuntimeError):
@@ -384,8 +388,10 @@ def harvest(
     client = client or OAIClient(h.base_url, options, logger=logger)
     saved = store.acquire(h.id, run_id, is_stale=hooks.is_stale, logger=logger)
     held_selection = (store.state(h.id) or {}).get("selection")
+    delivered = None if store.has_records(h.id) else Delivered(
+        keep=HANDED_OVER if split is not None else 0)
     job = _Job(h, store, run_id, client, logger, transform, validator, stats, started,
-               held_selection, options, split)
+               held_selection, options, split, delivered)
     ok, keeps, selection = False, None, None
     try:
         if hooks.resolve_since is not None:
@@ -432,6 +438,7 @@ class _Job:
     held_selection: str | None  # the selection the harvest state records (None: unknown)
     options: ClientOptions
     split: Split | None  # when the lists move to a worker process (None: never)
+    delivered: Delivered | None  # the store held none of the harvester's records
 
     @property
     def pending(self) -> bool:
@@ -648,7 +655,8 @@ def _prepared(job: _Job, pages: Iterable[tuple[Page, Checkpoint | None]],
             seen.update(r.header.identifier for r in page.records)
         prepared = prepare_page(job.store, h.id, page.records, run_id=job.run_id,
                                 transform=job.transform, metadata_prefix=h.metadata_prefix,
-                                transformer=h.transformer, validate=job.validate)
+                                transformer=h.transformer, validate=job.validate,
+                                delivered=job.delivered)
         yield ReadyPage.of(page, prepared, None if cp is None else cp.to_json())
 
 
@@ -662,8 +670,10 @@ def _in_worker(job: _Job, plan: Plan, position: Position, seen: set[str] | None
         "from here (%s=%s)", f"announces {remaining} more records" if remaining is not None
         else f"is long ({position.checkpoint.records} records so far)", WORKER_ENV,
         job.split.records)
+    delivered = job.delivered.kept if job.delivered is not None else None
     spec = Spec(job.h, plan, position, job.options, job.split.url, job.run_id,
                 identifiers=seen is not None,
+                delivered=tuple(delivered) if delivered is not None else None,
                 debug=bool(getattr(job.logger, "isEnabledFor", lambda _: False)(
                     logging.DEBUG)))
     worker = Worker(spec, job.logger)

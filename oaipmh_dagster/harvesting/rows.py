@@ -19,7 +19,7 @@ import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from oaipmh_dagster.storage.ports import (
     DATESTAMP_MAX,
@@ -31,6 +31,9 @@ from oaipmh_dagster.storage.ports import (
     utc_datestamp,
 )
 from oaipmh_dagster.transform import transformer_identity
+
+if TYPE_CHECKING:
+    from oaipmh_dagster.harvesting.delivered import Delivered
 
 __all__ = ["Counts", "HarvestRecord", "PreparedPage", "Transform", "Validate", "commit_page",
            "commit_pages", "prepare_page", "retransform", "write_page"]
@@ -236,10 +239,12 @@ def prepare_page(
     transformer: str = "",
     existing: dict[str, str | None] | None = None,
     validate: Validate | None = None,
+    delivered: Delivered | None = None,
 ) -> PreparedPage:
     """The rows of one page: records whose content hash is unchanged are left out, new
     and changed ones are transformed (and validated, with `validate`). `existing`
-    (identifier -> stored hash) is read from the store when not given.
+    (identifier -> stored hash) is read from the store when not given (through
+    `delivered` when the store held none of the harvester's records at the start).
     `metadata_prefix`, `transformer` and `validate`'s schema name what produced the
     page's rows (a change of any rewrites every record)."""
     counts = Counts()
@@ -251,7 +256,8 @@ def prepare_page(
             continue
         latest[identifier] = rec  # a page may repeat an identifier
     if existing is None:
-        existing = store.hashes(harvester_id, list(latest))
+        existing = (store.hashes(harvester_id, list(latest)) if delivered is None
+                    else delivered.hashes(store, harvester_id, list(latest)))
     # An xslt: transformer's identity holds the stylesheet's digest: an edited crosswalk
     # rewrites records whose harvested content is unchanged.
     ident = transformer_identity(transformer) if transform and transformer else ""

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oaipmh_dagster.errors import OAIPMHDagsterError
+from oaipmh_dagster.harvesting.delivered import Delivered
 from oaipmh_dagster.harvesting.lists import Judged, Lists, ListTally, Position, ReadyPage
 from oaipmh_dagster.harvesting.plan import Plan
 from oaipmh_dagster.harvesting.rows import prepare_page
@@ -79,6 +80,8 @@ class Spec:
     store_url: str = field(repr=False)  # may hold a password
     run_id: str = ""
     identifiers: bool = False  # send every page's identifiers (a selection sweep needs them)
+    # what the harvest delivered into a store that held none of its records (else None)
+    delivered: tuple[str, ...] | None = field(default=None, repr=False)
     debug: bool = False
 
 
@@ -219,10 +222,12 @@ def _run(spec: Spec, send: Any) -> None:
         store = Store(db.get_engine(spec.store_url, migrate=False))
         transform, validate = make_transform(h.transformer), make_validate(h)
         lists = Lists(client, h, plan, judged, logger, start=spec.position)
+        delivered = Delivered(spec.delivered) if spec.delivered is not None else None
         for page, cp in lists.pages():
             prepared = prepare_page(store, h.id, page.records, run_id=spec.run_id,
                                     transform=transform, metadata_prefix=h.metadata_prefix,
-                                    transformer=h.transformer, validate=validate)
+                                    transformer=h.transformer, validate=validate,
+                                    delivered=delivered)
             ids = [r.header.identifier for r in page.records] if spec.identifiers else None
             send("page", ReadyPage.of(page, prepared, None if cp is None else cp.to_json(),
                                       ids))
