@@ -15,6 +15,7 @@ import pytest
 
 from oaipmh_dagster.demo.dataset import make_dataset
 from oaipmh_dagster.demo.server import Reply, RequestInfo
+from oaipmh_dagster.harvesting import delivered as delivered_mod
 from oaipmh_dagster.harvesting import worker as worker_mod
 from oaipmh_dagster.harvesting.delivered import Delivered
 from oaipmh_dagster.harvesting.harvest import harvest
@@ -82,6 +83,17 @@ def test_the_filter_says_no_for_what_it_never_saw_and_keeps_a_bounded_list() -> 
     d.add(["c", "d"])
     assert d.kept is None  # more than `keep`: a worker then asks for every identifier
     assert d.may_hold("d") and Delivered().kept is None
+
+
+def test_the_filter_grows_past_its_first_step_and_forgets_nothing() -> None:
+    d = Delivered()
+    assert not d.may_hold("a") and d._filters == []  # nothing allocated before a page
+    first = [f"oai:x:{i}" for i in range(delivered_mod.SMALL_HOLDS)]
+    d.add(first)
+    later = [f"oai:y:{i}" for i in range(1000)]
+    d.add(later)
+    assert [len(f) for f in d._filters] == [delivered_mod.SMALL >> 3, delivered_mod.LARGE >> 3]
+    assert all(d.may_hold(i) for i in first[::997] + later)
 
 
 def test_a_first_harvest_asks_the_store_only_for_the_identifier_it_repeats(
