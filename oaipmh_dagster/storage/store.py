@@ -7,6 +7,7 @@ harvested record becomes (its row, content hash and transform) is `rows`."""
 from __future__ import annotations
 
 import json
+import operator
 import threading
 import time
 import types
@@ -98,6 +99,17 @@ _PG_UPSERT = (
     + ", ".join(f"{c} = EXCLUDED.{c}" for c in _UPDATED_COLUMNS)
 )
 UPSERT_ROWS = 500
+# The same upsert on SQLite, run by the driver's executemany on value tuples: SQLAlchemy's
+# per-row parameter processing was a fifth of the writer's CPU in a first harvest.
+_SQLITE_UPSERT = (
+    f"INSERT INTO oaipmh_record ({', '.join(_COLUMNS)}) "  # noqa: S608 - column names
+    f"VALUES ({', '.join('?' for _ in _COLUMNS)}) "
+    "ON CONFLICT (harvester_id, oai_identifier) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in _UPDATED_COLUMNS)
+)
+_ROW_VALUES = operator.itemgetter(*_COLUMNS)
+_DATETIME_AT = tuple(i for i, c in enumerate(record_table.columns)
+                     if isinstance(c.type, sa.DateTime))
 
 
 def _now() -> datetime:
@@ -125,6 +137,34 @@ _PG_EXISTING = sa.text(
     "CROSS JOIN LATERAL (SELECT content_hash FROM oaipmh_record "
     "WHERE harvester_id = :h AND oai_identifier = v.id LIMIT 1) AS r"
 )
+
+
+def _sqlite_values(dialect: sa.Dialect, rows: Sequence[dict[str, Any]]
+                   ) -> list[tuple[Any, ...]]:
+    """`rows` as value tuples in `_COLUMNS` order (a missing key is NULL), each datetime
+    as SQLAlchemy stores it on SQLite, converted once per distinct value (a page's rows
+    share their `harvested_at`)."""
+    process = record_table.c.harvested_at.type.dialect_impl(dialect).bind_processor(dialect)
+    seen: dict[datetime, Any] = {}
+    last: Any = None
+    last_stored: Any = None
+    out = []
+    for r in rows:
+        try:
+            values = list(_ROW_VALUES(r))
+        except KeyError:
+            values = [r.get(c) for c in _COLUMNS]
+        for i in _DATETIME_AT:
+            value = values[i]
+            if value is last:
+                values[i] = last_stored
+            elif value is not None and process is not None:
+                stored = seen.get(value)
+                if stored is None:
+                    stored = seen[value] = process(value)
+                last, last_stored, values[i] = value, stored, stored
+        out.append(tuple(values))
+    return out
 
 
 class SQLPageWrite:
@@ -164,6 +204,13 @@ class SQLPageWrite:
             try:
                 execute_values(cursor, _PG_UPSERT, [tuple(r.get(c) for c in _COLUMNS) for r in rows],
                                page_size=UPSERT_ROWS)
+            finally:
+                cursor.close()
+            return
+        if self.conn.dialect.driver == "pysqlite":
+            cursor = self.conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            try:
+                cursor.executemany(_SQLITE_UPSERT, _sqlite_values(self.conn.dialect, rows))
             finally:
                 cursor.close()
             return

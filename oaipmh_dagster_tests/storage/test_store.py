@@ -110,6 +110,45 @@ def test_upsert_counts(store: Store) -> None:
     assert store.counts("h") == {"total": 4, "live": 2, "deleted": 2, "failed": 0}
 
 
+
+def test_the_drivers_upsert_stores_what_sqlalchemys_does(store: Store) -> None:
+    """The page upsert runs on the driver (SQLite's executemany, psycopg2's
+    execute_values); what it stores reads back as the same statement through SQLAlchemy
+    stores it: datetimes (a shared one and distinct ones), booleans, NULLs, a row dict
+    without the optional keys, a replaced row."""
+    shared = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    base = {"harvester_id": "h", "datestamp": "2024-01-02T03:04:05Z", "sets": "[]",
+            "errors": "[]", "harvested_at": shared}
+    given = [
+        {**base, "oai_identifier": "a", "deleted": False, "raw_xml": "<x>\u00e9</x>",
+         "metadata": '{"t": ["\u00e9"]}', "run_id": "r1", "transformed_at": shared,
+         "content_hash": "0" * 32, "about": None},
+        {**base, "oai_identifier": "b", "deleted": True, "run_id": None,
+         "transformed_at": datetime(2025, 12, 31, 23, 59, 59, tzinfo=UTC)},
+        {**base, "oai_identifier": "c", "deleted": False,
+         "harvested_at": datetime(2020, 2, 29, tzinfo=UTC)},
+    ]
+    with store.page("h", None) as page:
+        page.upsert(given[:1])
+    with store.page("h", None) as page:
+        page.upsert(given)  # "a" again: replaced
+    with store.engine.begin() as conn:  # the same rows through SQLAlchemy, for reference
+        conn.execute(record_table.insert(), [
+            {**{c.name: None for c in record_table.columns},
+             **{k: v for k, v in r.items() if k not in ("sets", "errors", "metadata")},
+             "harvester_id": "ref", "sets": [], "errors": [],
+             "metadata": None if r.get("metadata") is None else {"t": ["\u00e9"]}}
+            for r in given])
+    ours, ref = rows(store, "h"), rows(store, "ref")
+    assert set(ours) == {"a", "b", "c"} and set(ref) == set(ours)
+    for key in ours:
+        assert {**ours[key], "harvester_id": "ref"} == ref[key]
+    a = ours["a"]
+    assert a["deleted"] is False and ours["b"]["deleted"] is True
+    assert a["harvested_at"].replace(tzinfo=UTC) == shared
+    assert a["metadata"] == {"t": ["\u00e9"]} and a["raw_xml"] == "<x>\u00e9</x>"
+    assert ours["c"]["transformed_at"] is None and ours["c"]["raw_xml"] is None
+
 def test_unchanged_records_are_not_rewritten(store: Store) -> None:
     write_page(store, "h", [rec("a"), rec("b")], run_id="old", transform=title_of)
     before = rows(store)
