@@ -84,8 +84,18 @@ def redact(url: str) -> str:
         return "<unparseable database URL>"
 
 
+# A new SQLite store's page size: a record's row (raw XML, metadata) is a few KB, one to a
+# 4 KB page; on 16 KB pages a 200,000 record harvest wrote a quarter of the pages (and
+# the file was 25% smaller). An existing store keeps its page size (`VACUUM` in rollback
+# journal mode changes it).
+SQLITE_PAGE_SIZE = 16384
+SQLITE_CACHE_KB = 16384  # each connection's page cache (SQLite's default: 2 MB)
+
+
 def _sqlite_pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001 - DB-API connection
     cur = dbapi_conn.cursor()
+    cur.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")  # before WAL creates the file
+    cur.execute(f"PRAGMA cache_size=-{SQLITE_CACHE_KB}")
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA busy_timeout=30000")

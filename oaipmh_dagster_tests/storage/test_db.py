@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 
@@ -200,3 +201,35 @@ def test_an_older_schema_is_still_upgraded(sqlite_url: str) -> None:
     assert db.upgrade(engine) == db.HEAD_REVISION
     assert db._at_head(engine)
     assert db.current_revision(engine) == db.HEAD_REVISION
+
+
+def _page_size(path: Path) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("PRAGMA page_size").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def test_a_new_sqlite_store_has_large_pages(tmp_path: Path) -> None:
+    """A record's row is a few KB: a new store lays rows on 16 KB pages."""
+    path = tmp_path / "new.sqlite"
+    db.get_engine(f"sqlite:///{path}")
+    assert _page_size(path) == db.SQLITE_PAGE_SIZE == 16384
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_an_existing_sqlite_store_keeps_its_page_size(tmp_path: Path) -> None:
+    """A store made with 4 KB pages (SQLite's default) opens, migrates and keeps them."""
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA page_size=4096")
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE kept (x INTEGER)")
+        conn.execute("INSERT INTO kept VALUES (1)")
+    engine = db.get_engine(f"sqlite:///{path}")
+    assert db.current_revision(engine) == db.HEAD_REVISION
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT x FROM kept").scalar() == 1
+    assert _page_size(path) == 4096
