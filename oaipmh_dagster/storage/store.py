@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
-from oaipmh_dagster.storage import db, partitions
+from oaipmh_dagster.storage import db, partitions, pgcopy
 from oaipmh_dagster.storage.lease import (
     HEARTBEAT_EVERY,
     KEEP,
@@ -178,6 +178,7 @@ class SQLPageWrite:
         self._existing = existing
         self._stored: set[str] = set()  # identifiers `hashes` found stored
         self.rewritten = 0  # stored rows this transaction replaced (see `Store.release`)
+        self.copied = 0  # rows written by COPY (PostgreSQL: `pgcopy`)
 
     def hashes(self, identifiers: Sequence[str]) -> dict[str, str | None]:
         """identifier -> stored content hash, for those of `identifiers` that are stored."""
@@ -195,13 +196,19 @@ class SQLPageWrite:
         hashes were read outside this transaction."""
         if not rows:
             return
-        self.rewritten += (replacing if replacing is not None else
-                           sum(1 for r in rows if r["oai_identifier"] in self._stored))
+        replaced = (replacing if replacing is not None else
+                    sum(1 for r in rows if r["oai_identifier"] in self._stored))
+        self.rewritten += replaced
         if self.conn.dialect.driver == "psycopg2":
             from psycopg2.extras import execute_values
 
             cursor = self.conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
             try:
+                # Rows new to the store (a first harvest's): COPY, or the upsert when
+                # one of them turns out to be stored.
+                if not replaced and pgcopy.copy_new(cursor, "oaipmh_record", rows, _COLUMNS):
+                    self.copied += len(rows)
+                    return
                 execute_values(cursor, _PG_UPSERT, [tuple(r.get(c) for c in _COLUMNS) for r in rows],
                                page_size=UPSERT_ROWS)
             finally:
