@@ -99,8 +99,8 @@ def test_a_partition_keeps_compression_and_storage_settings(pg_engine: sa.Engine
         )).scalar()
     assert methods == {"raw_xml": "l", "metadata": "l"}
     assert set(options) == {f"{k}={v}" for k, v in partitions.PARTITION_OPTIONS}
-    # Every index of the parent: the key, datestamp, and serve's two change-time orders.
-    assert indexes == 4
+    # Every index of the parent: the key, datestamp, and serve's change-time order (0013).
+    assert indexes == 3
 
 
 @pg
@@ -371,3 +371,85 @@ def test_harvests_that_rewrite_every_record_vacuum_the_partition(postgres_url: s
         assert conn.execute(sa.text(
             "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = "
             "'oaipmh_record_churn'")).scalar_one() >= 2
+
+
+def _indexes(engine: sa.Engine, table: str) -> set[str]:
+    """The column lists of `table`'s indexes."""
+    with engine.connect() as conn:
+        return {d.split(" USING btree ")[1] for d in conn.execute(sa.text(
+            "SELECT indexdef FROM pg_indexes WHERE tablename = :t"), {"t": table}).scalars()}
+
+
+@pg
+def test_one_harvesters_list_reads_the_change_index_in_order(pg_engine: sa.Engine) -> None:
+    """0013 leaves a partition three indexes (no second list index: in a partition of
+    one harvester, (harvested_at, harvester_id, oai_identifier) is already its order),
+    and a page of one harvester's list deep in it is a range scan of that index, with
+    no sort."""
+    from datetime import timedelta
+
+    from oaipmh_dagster.serve import queries as q
+
+    store = Store(pg_engine)
+    for hid in ("alpha", "beta"):
+        with store.page(hid, None) as page:
+            page.upsert([{**row(hid, f"oai:{hid}:{i:05d}"),
+                          "harvested_at": WHEN + timedelta(seconds=i // 3)}
+                         for i in range(3000)])
+    table = partitions.partition_name("alpha")
+    assert _indexes(pg_engine, table) == {
+        "(harvester_id, oai_identifier)", "(harvester_id, datestamp)",
+        "(harvested_at, harvester_id, oai_identifier)"}
+    with pg_engine.begin() as conn:
+        conn.exec_driver_sql(f"ANALYZE {table}")
+    seen: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        seen.append((statement, params))
+
+    sel = q.Selection(("alpha",), None, None, WHEN + timedelta(days=1))
+    after = (WHEN + timedelta(seconds=500), "alpha", "oai:alpha:01500")
+    sa.event.listen(pg_engine, "before_cursor_execute", capture)
+    try:
+        got = q.page(pg_engine, sel, after, 50, with_raw=True)
+    finally:
+        sa.event.remove(pg_engine, "before_cursor_execute", capture)
+    assert [r.identifier for r in got] == [f"oai:alpha:{i:05d}" for i in range(1501, 1551)]
+    statement, params = next((s, p) for s, p in seen if "ORDER BY" in s)
+    with pg_engine.connect() as conn:
+        cursor = conn.connection.driver_connection.cursor()
+        cursor.execute("EXPLAIN (FORMAT JSON) " + statement, params)
+        plan = cursor.fetchone()[0][0]["Plan"]
+        index = conn.execute(sa.text(
+            "SELECT indexname FROM pg_indexes WHERE tablename = :t AND indexdef LIKE "
+            "'%(harvested_at, harvester_id, oai_identifier)'"), {"t": table}).scalar_one()
+    nodes, todo = [], [plan]
+    while todo:
+        node = todo.pop()
+        nodes.append(node)
+        todo.extend(node.get("Plans", []))
+    assert not [n for n in nodes if "Sort" in n["Node Type"]], plan
+    assert [n.get("Index Name") for n in nodes if "Index" in n["Node Type"]] == [index], plan
+
+
+@pg
+def test_downgrade_to_0012_builds_the_second_list_index_again(pg_database: str) -> None:
+    from alembic import command
+
+    from oaipmh_dagster_tests.conftest import _clean_postgres
+
+    db.dispose_all()
+    _clean_postgres(pg_database)
+    engine = db.get_engine(pg_database)
+    store = Store(engine)
+    put(store, "alpha", 20)
+    put(store, "beta", 5)
+    second = "(harvester_id, harvested_at, oai_identifier)"
+    with engine.begin() as conn:
+        command.downgrade(db._alembic_config(conn), "0012")
+    for hid in ("alpha", "beta"):
+        assert second in _indexes(engine, partitions.partition_name(hid))
+    assert db.upgrade(engine) == db.HEAD_REVISION
+    assert second not in _indexes(engine, partitions.partition_name("alpha"))
+    assert store.count("alpha") == 20 and store.count("beta") == 5
+    db.dispose_all()
