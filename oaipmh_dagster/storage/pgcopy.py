@@ -45,8 +45,8 @@ def _field(value: Any) -> str | None:
     if value is False:
         return "f"
     if isinstance(value, datetime):
-        return value.isoformat()  # a naive one is read in the session's time zone, as
-        # psycopg2 sends it to an INSERT
+        # A naive one is read in the session's time zone, as an INSERT reads it.
+        return value.isoformat()
     return None
 
 
