@@ -360,8 +360,9 @@ class MemoryStore:
 
     def iter_live_metadata_every(self, harvester_id: str, step: int,
                                  batch: int = 1000) -> Iterator[Any]:
-        for row in self._live(harvester_id)[::step]:
-            yield row["metadata"]
+        for row in self._sorted(harvester_id)[::step]:
+            if not row["deleted"]:
+                yield row["metadata"]
 
     def snapshot(self, harvester_id: str) -> dict[str, tuple[str, bool, tuple[str, ...]]]:
         return {r["oai_identifier"]: (r["datestamp"], bool(r["deleted"]), tuple(r["sets"] or ()))

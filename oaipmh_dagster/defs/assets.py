@@ -182,14 +182,15 @@ def run_harvest(
     tag_run(context, h, config if raw_key in selected else None)
     store = oaipmh_db.record_store()
     counts: dict[str, Any] | None = None
+    totals: dict[str, int] | None = None  # the store's counts after the harvest
     held = None
     if raw_key in selected:
-        stats = yield from _harvest_raw(context, config, h, store)
+        stats, totals = yield from _harvest_raw(context, config, h, store)
         held = stats.held_back
         counts = {"new": stats.new, "updated": stats.updated, "deleted": stats.deleted,
                   "failed": stats.failed, "failed_ids": stats.failed_ids}
     if records_key in selected:
-        yield from _materialize_records(context, h, store, counts)
+        yield from _materialize_records(context, h, store, counts, totals)
     if held is not None:
         context.log.error(held.message())
         raise dg.Failure(description=held.message(), metadata=held.metadata(),
@@ -199,7 +200,9 @@ def run_harvest(
 def _harvest_raw(context: dg.AssetExecutionContext, config: HarvestConfig, h: Harvester,
                  store: RecordStore) -> Any:
     """Harvest into the store, observing `source` from the Identify answer, and
-    materialize raw_records; returns the statistics (a sweep held back included)."""
+    materialize raw_records; returns the statistics (a sweep held back included) and
+    the store's counts of the harvester after it (read once: each is a pass over the
+    harvester's rows, 0.3-0.5 s at 500,000 records on SQLite)."""
     source_key, raw_key, _ = asset_keys(h.id)
     reconcile = wants_reconcile(context.instance, context.dagster_run, h, config.reconcile)
     resolver = _SinceAtLease(context, config, h, reconcile)
@@ -225,13 +228,15 @@ def _harvest_raw(context: dg.AssetExecutionContext, config: HarvestConfig, h: Ha
     if listener.on_finish is not None:
         listener.on_finish(stats)
     assert resolver.resolved is not None  # the harvest resolves since before any list
-    meta = {**raw_metadata(stats, resolver.resolved), **table_metadata(store, h.id)}
+    totals = store.counts(h.id)
+    meta = {**raw_metadata(stats, resolver.resolved),
+            **table_metadata(store, h.id, live=totals["live"])}
     note = meta.get(SINCE_NOTE_KEY)
     if note:
         context.log.warning(str(note))
     yield dg.MaterializeResult(asset_key=raw_key, metadata=meta)
-    log_own_checks(context, h, {CHECK_COMPLETE, CHECK_SCHEMA_VALID})
-    return stats
+    log_own_checks(context, h, {CHECK_COMPLETE, CHECK_SCHEMA_VALID}, totals)
+    return stats, totals
 
 
 class _SinceAtLease:
@@ -277,9 +282,10 @@ def _stale_check(instance: dg.DagsterInstance) -> Callable[[str | None], bool]:
 
 
 def _materialize_records(context: dg.AssetExecutionContext, h: Harvester, store: RecordStore,
-                         counts: dict[str, Any] | None) -> Any:
-    """Materialize records: after a harvest (its `counts`), or alone, re-transforming
-    the stored raw XML."""
+                         counts: dict[str, Any] | None,
+                         totals: dict[str, int] | None = None) -> Any:
+    """Materialize records: after a harvest (its `counts`, and the store's `totals`
+    after it), or alone, re-transforming the stored raw XML."""
     records_key = asset_keys(h.id)[2]
     if counts is None:
         context.log.info("re-transforming the stored raw XML of %s with %s",
@@ -290,21 +296,24 @@ def _materialize_records(context: dg.AssetExecutionContext, h: Harvester, store:
         counts = {"new": 0, "updated": result.updated, "failed": result.failed,
                   "failed_ids": result.failed_ids}
     unchanged = not (counts["new"] or counts["updated"] or counts.get("deleted"))
+    totals = totals or store.counts(h.id)
     records_meta = records_metadata(
-        store, h, counts, run_id=context.run_id,
+        store, h, counts, run_id=context.run_id, totals=totals,
         previous=latest_metadata(context.instance, records_key) if unchanged else None)
     yield dg.MaterializeResult(asset_key=records_key, metadata=records_meta)
-    log_own_checks(context, h, {CHECK_NO_FAILED})
+    log_own_checks(context, h, {CHECK_NO_FAILED}, totals)
 
 
-def log_own_checks(context: dg.AssetExecutionContext, h: Harvester, names: set[str]) -> None:
+def log_own_checks(context: dg.AssetExecutionContext, h: Harvester, names: set[str],
+                   totals: dict[str, int] | None = None) -> None:
     """In the harvester's own job, evaluate its checks `names` after the materialization
     they judge and log their evaluations. The job holds no check op (one per harvester
     job cost load time); elsewhere the code location's check op evaluates the selected
     checks after the harvest."""
     if context.job_name != h.job_name:
         return
-    for result in evaluate_checks(context.instance, context.resources.oaipmh_db, h.id, names):
+    for result in evaluate_checks(context.instance, context.resources.oaipmh_db, h.id, names,
+                                  totals):
         context.log_event(as_evaluation(result))
 
 
@@ -438,7 +447,8 @@ def _sweep_metadata(stats: harvest_mod.HarvestStats) -> dict[str, Any]:
 
 
 def records_metadata(store: RecordStore, h: Harvester, counts: dict, *, run_id: str,
-                     previous: Mapping[str, Any] | None = None) -> dict:
+                     previous: Mapping[str, Any] | None = None,
+                     totals: dict[str, int] | None = None) -> dict:
     """Materialization metadata of records: row count, preview, schema, failures, and
     the field coverage of the live records (`oaipmh.profile`: a sample past
     `ASSET_MAX_RECORDS`, said in `coverage_note`). `previous` is the metadata of the asset's
@@ -453,7 +463,7 @@ def records_metadata(store: RecordStore, h: Harvester, counts: dict, *, run_id: 
         profile_store,
     )
 
-    totals = store.counts(h.id)
+    totals = totals or store.counts(h.id)
     coverage = _carried_coverage(previous, totals["live"])
     if coverage is None:
         profile = profile_store(store, h.id, max_records=ASSET_MAX_RECORDS,

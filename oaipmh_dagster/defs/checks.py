@@ -102,24 +102,27 @@ def as_evaluation(result: dg.AssetCheckResult) -> dg.AssetCheckEvaluation:
 
 
 def evaluate_checks(instance: dg.DagsterInstance, oaipmh_db: OAIPMHDatabase,
-                    harvester_id: str, names: set[str]) -> Iterator[dg.AssetCheckResult]:
+                    harvester_id: str, names: set[str], totals: dict[str, int] | None = None
+                    ) -> Iterator[dg.AssetCheckResult]:
     """The results of the checks `names` of a harvester, from the store and the last
-    materialization of its raw_records."""
+    materialization of its raw_records (`totals`: the store's `counts` of the harvester
+    when the caller has just read them)."""
     h = oaipmh_db.harvester(harvester_id)
     store = oaipmh_db.record_store()
     raw, records = _keys(h.id)
     if CHECK_COMPLETE in names:
         yield complete_check_result(instance.get_latest_materialization_event(raw), raw)
     if CHECK_SCHEMA_VALID in names:
-        yield schema_check_result(store, h, raw)
+        yield schema_check_result(store, h, raw, live=None if totals is None else totals["live"])
     if CHECK_NO_FAILED in names:
-        yield no_failed_check_result(store, h.id, records)
+        yield no_failed_check_result(store, h.id, records, totals)
 
 
-def no_failed_check_result(store: RecordStore, harvester_id: str,
-                           records: dg.AssetKey) -> dg.AssetCheckResult:
-    """Failed (a warning) when a stored record carries a transformation error."""
-    in_store = store.counts(harvester_id)["failed"]
+def no_failed_check_result(store: RecordStore, harvester_id: str, records: dg.AssetKey,
+                           totals: dict[str, int] | None = None) -> dg.AssetCheckResult:
+    """Failed (a warning) when a stored record carries a transformation error
+    (`totals`: the store's `counts`, read when not given)."""
+    in_store = (totals or store.counts(harvester_id))["failed"]
     failed = store.failed_identifiers(harvester_id, limit=10) if in_store else []
     return dg.AssetCheckResult(
         asset_key=records, check_name=CHECK_NO_FAILED, passed=not failed,

@@ -23,16 +23,17 @@ def schema_check_spec(h: Harvester, raw_key: dg.AssetKey) -> dg.AssetCheckSpec |
         "invalid records are kept, with an error of type schema or schematron).")
 
 
-def schema_check_result(store: RecordStore, h: Harvester,
-                        raw_key: dg.AssetKey) -> dg.AssetCheckResult:
+def schema_check_result(store: RecordStore, h: Harvester, raw_key: dg.AssetKey,
+                        live: int | None = None) -> dg.AssetCheckResult:
     """The check's result: failed (a warning) when any live record is invalid, with the
-    invalid and live counts and the first invalid records (identifier: first message)."""
+    invalid and live counts (`live`: counted when not given) and the first invalid
+    records (identifier: first message)."""
     if h.schema is None:
         return dg.AssetCheckResult(
             asset_key=raw_key, check_name=CHECK_SCHEMA_VALID, passed=True,
             metadata={"note": "validation was switched off after the code location loaded"})
     invalid = store.schema_invalid(h.id, sample=SAMPLE)
-    live = store.count(h.id)
+    live = store.count(h.id) if live is None else live
     sample = "\n".join(f"- {identifier}: {message}" for identifier, message in invalid.sample)
     return dg.AssetCheckResult(
         asset_key=raw_key, check_name=CHECK_SCHEMA_VALID, passed=invalid.count == 0,

@@ -243,7 +243,8 @@ class RecordStore(HarvestState, Protocol):
 
     def iter_live_metadata_every(self, harvester_id: str, step: int,
                                  batch: int = 1000) -> Iterator[Any]:
-        """The transformed metadata of every `step`-th live record by identifier."""
+        """The transformed metadata of the live records among every `step`-th stored
+        record by identifier (a systematic sample of about live/step records)."""
         ...
 
     def snapshot(self, harvester_id: str) -> dict[str, tuple[str, bool, tuple[str, ...]]]:

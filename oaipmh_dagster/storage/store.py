@@ -438,18 +438,23 @@ class Store:
 
     def iter_live_metadata_every(self, harvester_id: str, step: int,
                                  batch: int = 1000) -> Iterator[Any]:
-        """The transformed metadata of every `step`-th live record by identifier (the
-        first, the step+1-th, ...): one query in which the database numbers the rows, so
-        only the chosen ones are read and decoded."""
+        """The transformed metadata of the live records among every `step`-th stored
+        record by identifier (the first, the step+1-th, ...): the database numbers the
+        identifiers from the primary key alone, and only the chosen rows are read (on
+        SQLite, numbering the live rows cost a table look-up per row: 2.4 s at 500,000
+        records, against 0.3 s)."""
         c = record_table.c
         numbered = (
-            sa.select(c.metadata,
+            sa.select(c.oai_identifier,
                       sa.func.row_number().over(order_by=c.oai_identifier).label("n"))
-            .where(c.harvester_id == harvester_id, c.deleted.is_(False))
+            .where(c.harvester_id == harvester_id)
             .subquery()
         )
-        q = (sa.select(numbered.c.metadata)
-             .where((numbered.c.n - 1) % step == 0)
+        q = (sa.select(c.metadata)
+             .select_from(numbered.join(record_table, sa.and_(
+                 c.harvester_id == harvester_id,
+                 c.oai_identifier == numbered.c.oai_identifier)))
+             .where((numbered.c.n - 1) % step == 0, c.deleted.is_(False))
              .order_by(numbered.c.n))
         with self.engine.connect() as conn:
             for row in conn.execution_options(yield_per=batch).execute(q):

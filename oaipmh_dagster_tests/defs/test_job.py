@@ -82,6 +82,30 @@ def test_job_materializes_raw_then_records(database_url: str, server: OAIServer,
     assert result.dagster_run.tags["oaipmh/harvester"] == "j"
 
 
+def test_harvest_op_reads_the_store_counts_once(sqlite_url: str, server: OAIServer,
+                                               instance: dg.DagsterInstance,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each count is a pass over the harvester's rows (0.3-0.5 s at 500,000 records):
+    # the raw_records and records metadata and the two checks share one.
+    calls: list[str] = []
+    counts, count = Store.counts, Store.count
+    monkeypatch.setattr(Store, "counts", lambda self, *a, **k: (
+        calls.append("counts"), counts(self, *a, **k))[1])
+    monkeypatch.setattr(Store, "count", lambda self, *a, **k: (
+        calls.append("count"), count(self, *a, **k))[1])
+    h = add_harvester("j", server.base_url)
+    result = _run(h, instance)
+    assert result.success
+    assert calls == ["counts"]
+    live = sum(1 for r in server.dataset if not r.deleted)
+    assert _mat(result, "raw_records").metadata["dagster/row_count"].value == live
+    records = _mat(result, "records").metadata
+    assert records["dagster/row_count"].value == live
+    assert records["deleted_in_store"].value == len(server.dataset) - live
+    checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
+    assert checks["no_failed_records"].metadata["failed_in_store"].value == 0
+
+
 def test_records_only_retransforms_without_server(sqlite_url: str, server: OAIServer,
                                                   instance: dg.DagsterInstance) -> None:
     h = add_harvester("j", server.base_url)

@@ -187,11 +187,16 @@ def test_live_reads_and_deleting_a_harvester(store: Any) -> None:
         f"r{i:02d}" for i in range(7)]
     assert [m["title"] for m in store.iter_live_metadata_every(H, 3, batch=2)] == [
         "r00", "r03", "r06"]
-    assert sorted(store.snapshot(H)) == [f"r{i:02d}" for i in range(7)] + ["r99"]
+    put(store, row("r03", deleted=True), row("r04a"))  # every 3rd of all, the live ones
+    assert [m["title"] for m in store.iter_live_metadata_every(H, 3, batch=2)] == [
+        "r00", "r05"]
+    assert [m["title"] for m in store.iter_live_metadata_every(H, 2)] == [
+        "r00", "r02", "r04", "r05"]
+    assert sorted(store.snapshot(H)) == sorted([f"r{i:02d}" for i in range(7)] + ["r04a", "r99"])
     assert isinstance(store.table_name(), str)
     store.acquire(H, "r1")
     store.release(H, "r1", succeeded=True)
-    assert store.delete_harvester_records(H) == 8
+    assert store.delete_harvester_records(H) == 9
     assert store.snapshot(H) == {} and store.state(H) is None
 
 
