@@ -27,9 +27,9 @@ record (about half reading and decoding the stored JSON, half counting), against
 record (76 of them decoding the JSON), against 6.3-7.7 s. A pandas variant
 (`json_normalize` per batch of 1,000) took 2-3 times as long, so plain Python it is.
 Peak memory 9 MiB, whatever the record count. Beyond `max_records` (default
-`MAX_RECORDS`, 20,000) live records a systematic sample of that many is profiled
-(every k-th record by identifier, numbered by the database in one query, so only the
-chosen ones are read and decoded),
+`MAX_RECORDS`, 20,000) live records a systematic sample of about that many is profiled
+(the live ones among every k-th stored record by identifier, numbered by the database
+from the primary key in one query, so only the chosen ones are read and decoded),
 and the result says so (`sampled`): a profile costs at most a few seconds.
 """
 
@@ -234,7 +234,8 @@ def profile_store(store: RecordStore, harvester_id: str, *,
                   max_records: int | None = MAX_RECORDS, batch: int = 1000,
                   live: int | None = None) -> Profile:
     """The profile of a harvester's live records, read in batches; past `max_records`
-    (None: no limit) a systematic sample of that many, every k-th by identifier.
+    (None: no limit) a systematic sample of about that many: the live records among
+    every k-th stored one by identifier, k from the live count.
     `live`: the live count when the caller has just read it (else it is counted)."""
     live = store.count(harvester_id) if live is None else live
     if max_records is not None and live > max_records:
