@@ -48,6 +48,8 @@ PARTITION_OPTIONS = (
 )
 _READABLE = re.compile(r"^[a-z0-9][a-z0-9_]{0,47}$")  # the registry's harvester ids
 _ADVISORY = 7262013  # first key of the per-harvester advisory lock (db.py uses 7262012)
+# The columns a first harvest's ANALYZE reads (`analyze_if_new`): keys, filters, orders.
+ANALYZED = ("harvester_id", "oai_identifier", "datestamp", "deleted", "harvested_at", "errors")
 VACUUM_SHARE = 0.2  # `vacuum`: rows replaced, as a share of the partition's rows
 VACUUM_MIN_ROWS = 1000
 LOCK_TIMEOUT_MS = 250  # how long the DROP of a removed partition waits for its lock
@@ -198,6 +200,36 @@ def drop(engine: Engine, harvester_id: str, *, tries: int = DROP_TRIES) -> bool:
     log.warning("the emptied partition of harvester %s stays (its lock was busy)",
                 harvester_id)
     return False
+
+
+def analyze_if_new(engine: Engine, harvester_id: str) -> bool:
+    """ANALYZE the harvester's partition if it has never been analyzed nor vacuumed
+    (`reltuples` < 0): after a first harvest, the planner would otherwise sort the whole
+    partition for a page of its list (54 ms at 100,000 rows) until autovacuum gets to
+    it. Only the columns that queries filter and order by (`ANALYZED`): at 500,000
+    rows 0.2 s, where every column (the raw XML and metadata detoasted) took 0.8-2.7 s;
+    autovacuum's own ANALYZE covers the rest later. Skipped when another maintenance
+    holds the partition. True when it ran."""
+    with engine.connect() as conn:
+        if not is_partitioned(conn) or not exists(conn, harvester_id):
+            return False
+        name = _quote(conn, partition_name(harvester_id))
+        rows = conn.execute(sa.text("SELECT reltuples FROM pg_class WHERE oid = "
+                                    "to_regclass(:p)"), {"p": name}).scalar_one()
+        conn.rollback()
+        if rows >= 0:
+            return False
+        conn.execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            conn.exec_driver_sql(f"SET lock_timeout = '{4 * LOCK_TIMEOUT_MS}ms'")
+            conn.exec_driver_sql(f"ANALYZE {name} ({', '.join(ANALYZED)})")
+        except sa.exc.OperationalError as exc:
+            if getattr(exc.orig, "pgcode", None) != "55P03":
+                raise
+            return False
+        finally:
+            conn.exec_driver_sql("RESET lock_timeout")
+    return True
 
 
 def vacuum(engine: Engine, harvester_id: str, *, rewritten: int) -> bool:

@@ -285,6 +285,7 @@ class Store:
         self._partitions: set[str] = set()  # harvesters whose partition exists
         self._retry_after: dict[str, float] = {}  # a partition whose lock was busy
         self._rewritten: dict[str, int] = {}  # harvester -> rows replaced since its vacuum
+        self._unanalyzed: set[str] = set()  # partitions ensured here, not yet looked at
 
     def _ensure_partition(self, harvester_id: str) -> None:
         """Make the harvester's partition before its first page (PostgreSQL): once per
@@ -299,6 +300,7 @@ class Store:
             return
         if partitions.ensure(self.engine, harvester_id):
             self._partitions.add(harvester_id)
+            self._unanalyzed.add(harvester_id)
         else:
             self._retry_after[harvester_id] = time.monotonic() + 60
 
@@ -349,14 +351,19 @@ class Store:
         if n and harvester_id in self._partitions:
             self._rewritten[harvester_id] = self._rewritten.get(harvester_id, 0) + n
 
-    def _vacuum_if_rewritten(self, harvester_id: str) -> None:
+    def _maintain_partition(self, harvester_id: str) -> None:
         """VACUUM the harvester's partition when this store replaced at least
         `partitions.VACUUM_SHARE` of its rows: a harvest that rewrote it (a full re-harvest
         of changed records) leaves the space of the old versions ready for the next one,
-        instead of waiting for autovacuum (PostgreSQL; see `partitions.vacuum`)."""
+        instead of waiting for autovacuum (PostgreSQL; see `partitions.vacuum`); and
+        ANALYZE a partition this store filled that was never analyzed
+        (`partitions.analyze_if_new`)."""
         n = self._rewritten.pop(harvester_id, 0)
-        if n:
-            partitions.vacuum(self.engine, harvester_id, rewritten=n)
+        vacuumed = bool(n) and partitions.vacuum(self.engine, harvester_id, rewritten=n)
+        if harvester_id in self._unanalyzed:  # a first harvest: the planner's statistics
+            self._unanalyzed.discard(harvester_id)
+            if not vacuumed:
+                partitions.analyze_if_new(self.engine, harvester_id)
 
     @contextmanager
     def holding(
@@ -660,7 +667,7 @@ class Store:
         run that lost its lease changes nothing."""
         self.leases.release(harvester_id, run_id, status="succeeded" if succeeded else "failed",
                             clear_checkpoint=succeeded, restore=keep, selection=selection)
-        self._vacuum_if_rewritten(harvester_id)
+        self._maintain_partition(harvester_id)
 
     def state(self, harvester_id: str) -> dict[str, Any] | None:
         """The harvest state row of a harvester (None before its first harvest)."""

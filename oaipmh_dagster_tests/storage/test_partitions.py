@@ -350,6 +350,31 @@ def test_a_harvest_that_rewrote_its_partition_vacuums_it(pg_engine: sa.Engine) -
 
 
 @pg
+def test_a_first_harvest_analyzes_the_partition_it_filled(pg_engine: sa.Engine) -> None:
+    """Before its first ANALYZE the planner sorted a whole partition for one page of its
+    list: the release of a first harvest analyzes the partition it filled, once."""
+    store = Store(pg_engine)
+
+    def reltuples() -> float:
+        with pg_engine.connect() as conn:
+            return float(conn.execute(sa.text(
+                "SELECT reltuples FROM pg_class WHERE relname = 'oaipmh_record_fresh'"
+            )).scalar_one())
+
+    store.acquire("fresh", "r1", wait=False)
+    put(store, "fresh", 2000)
+    assert reltuples() < 0  # never analyzed
+    store.release("fresh", "r1", succeeded=True)
+    assert reltuples() == 2000
+    store.acquire("fresh", "r2", wait=False)
+    with store.page("fresh", None) as page:  # new records only: no vacuum either
+        page.upsert([row("fresh", f"oai:fresh:{i}") for i in range(2000, 2500)])
+    store.release("fresh", "r2", succeeded=True)
+    assert reltuples() == 2000  # the next harvests leave it to autovacuum
+    assert not partitions.analyze_if_new(pg_engine, "fresh")
+
+
+@pg
 def test_harvests_that_rewrite_every_record_vacuum_the_partition(postgres_url: str) -> None:
     """On `harvest()`'s own road, where a page's hashes are read before its transaction,
     the rows a page replaces are still counted, so the release vacuums a partition that a
@@ -391,17 +416,17 @@ def test_one_harvesters_list_reads_the_change_index_in_order(pg_engine: sa.Engin
     from oaipmh_dagster.serve import queries as q
 
     store = Store(pg_engine)
-    for hid in ("alpha", "beta"):
+    for hid in ("alpha", "beta"):  # first harvests: their release analyzes the partition
+        store.acquire(hid, "r1", wait=False)
         with store.page(hid, None) as page:
             page.upsert([{**row(hid, f"oai:{hid}:{i:05d}"),
                           "harvested_at": WHEN + timedelta(seconds=i // 3)}
                          for i in range(3000)])
+        store.release(hid, "r1", succeeded=True)
     table = partitions.partition_name("alpha")
     assert _indexes(pg_engine, table) == {
         "(harvester_id, oai_identifier)", "(harvester_id, datestamp)",
         "(harvested_at, harvester_id, oai_identifier)"}
-    with pg_engine.begin() as conn:
-        conn.exec_driver_sql(f"ANALYZE {table}")
     seen: list[tuple[str, Any]] = []
 
     def capture(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
