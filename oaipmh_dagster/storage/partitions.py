@@ -23,6 +23,7 @@ import hashlib
 import logging
 import re
 import time
+from collections.abc import Callable
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -210,26 +211,8 @@ def analyze_if_new(engine: Engine, harvester_id: str) -> bool:
     rows 0.2 s, where every column (the raw XML and metadata detoasted) took 0.8-2.7 s;
     autovacuum's own ANALYZE covers the rest later. Skipped when another maintenance
     holds the partition. True when it ran."""
-    with engine.connect() as conn:
-        if not is_partitioned(conn) or not exists(conn, harvester_id):
-            return False
-        name = _quote(conn, partition_name(harvester_id))
-        rows = conn.execute(sa.text("SELECT reltuples FROM pg_class WHERE oid = "
-                                    "to_regclass(:p)"), {"p": name}).scalar_one()
-        conn.rollback()
-        if rows >= 0:
-            return False
-        conn.execution_options(isolation_level="AUTOCOMMIT")
-        try:
-            conn.exec_driver_sql(f"SET lock_timeout = '{4 * LOCK_TIMEOUT_MS}ms'")
-            conn.exec_driver_sql(f"ANALYZE {name} ({', '.join(ANALYZED)})")
-        except sa.exc.OperationalError as exc:
-            if getattr(exc.orig, "pgcode", None) != "55P03":
-                raise
-            return False
-        finally:
-            conn.exec_driver_sql("RESET lock_timeout")
-    return True
+    return _maintain(engine, harvester_id, lambda rows: rows < 0,
+                     f"ANALYZE {{}} ({', '.join(ANALYZED)})")
 
 
 def vacuum(engine: Engine, harvester_id: str, *, rewritten: int) -> bool:
@@ -239,19 +222,29 @@ def vacuum(engine: Engine, harvester_id: str, *, rewritten: int) -> bool:
     vacuum holds it. True when it ran."""
     if rewritten < VACUUM_MIN_ROWS:
         return False
+    return _maintain(engine, harvester_id,
+                     lambda rows: rewritten >= VACUUM_SHARE * max(rows, 0),
+                     "VACUUM (ANALYZE) {}")
+
+
+def _maintain(engine: Engine, harvester_id: str, due: Callable[[float], bool],
+              statement: str) -> bool:
+    """Run `statement` (`{}`: the partition's quoted name) outside a transaction on the
+    harvester's partition when `due(reltuples)`, under a short lock_timeout; False when
+    there is no such partition, it is not due, or its lock was busy."""
     with engine.connect() as conn:
         if not is_partitioned(conn) or not exists(conn, harvester_id):
             return False
         name = _quote(conn, partition_name(harvester_id))
-        rows = conn.execute(sa.text("SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = "
+        rows = conn.execute(sa.text("SELECT reltuples FROM pg_class WHERE oid = "
                                     "to_regclass(:p)"), {"p": name}).scalar_one()
         conn.rollback()
-        if rewritten < VACUUM_SHARE * rows:
+        if not due(rows):
             return False
         conn.execution_options(isolation_level="AUTOCOMMIT")
         try:
             conn.exec_driver_sql(f"SET lock_timeout = '{4 * LOCK_TIMEOUT_MS}ms'")
-            conn.exec_driver_sql(f"VACUUM (ANALYZE) {name}")
+            conn.exec_driver_sql(statement.format(name))
         except sa.exc.OperationalError as exc:
             if getattr(exc.orig, "pgcode", None) != "55P03":
                 raise
